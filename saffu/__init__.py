@@ -1,0 +1,35 @@
+"""saffu: explicit (closed-form) SAFFU language models in JAX.
+
+The pipeline, one module per stage: corpus -> tokenizer -> prepare (token streams) ->
+codes (bit-cipher) -> statistics (streaming accumulators) -> explicit (closed-form weights)
+-> bigram (the single-layer model, explicit fit and Adam training) -> evaluation.
+"""
+
+from saffu._io import SaffuError
+from saffu.bigram import (BigramConfig, BigramModel, TrainConfig, bigram_nll, fit_explicit_bigram,
+                          random_bigram, train_bigram)
+from saffu.codes import (CipherConfig, SparseCodes, bit_cipher_codes, code_background, dense_codes,
+                         min_bits, sparse_bit_cipher)
+from saffu.corpus import Corpus, babylm_corpus, iter_documents, text_files_corpus
+from saffu.download import download_babylm
+from saffu.evaluation import language_model_metrics, pair_counts, split_metrics
+from saffu.explicit import (Smoothing, calibrate_temperature, conditional_probabilities,
+                            explicit_softmax_weights, unigram_prior)
+from saffu.prepare import PrepareConfig, WorkDir, open_workdir, prepare
+from saffu.statistics import (Accumulator, accumulate, accumulate_states, blend_background,
+                              document_context, feature_target, local_mesh, merge_states,
+                              offset_cooccurrence, unigram_counts)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Accumulator", "BigramConfig", "BigramModel", "CipherConfig", "Corpus", "PrepareConfig",
+    "SaffuError", "Smoothing", "SparseCodes", "TrainConfig", "WorkDir", "accumulate",
+    "accumulate_states", "babylm_corpus", "bigram_nll", "bit_cipher_codes", "blend_background",
+    "calibrate_temperature", "code_background", "conditional_probabilities", "dense_codes",
+    "document_context", "download_babylm", "explicit_softmax_weights", "feature_target",
+    "fit_explicit_bigram", "iter_documents", "language_model_metrics", "local_mesh",
+    "merge_states", "min_bits", "offset_cooccurrence", "open_workdir", "pair_counts", "prepare",
+    "random_bigram", "sparse_bit_cipher", "split_metrics", "text_files_corpus", "train_bigram",
+    "unigram_counts", "unigram_prior",
+]

@@ -1,0 +1,5 @@
+import sys
+
+from saffu.cli import main
+
+sys.exit(main())

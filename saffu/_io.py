@@ -1,0 +1,53 @@
+"""Small shared helpers: the user-facing error type, atomic writes and JSON metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+
+class SaffuError(Exception):
+    """An error caused by the user's input, reported by the CLI as one line (no traceback).
+
+    The message says what went wrong, which file, and how to fix it.
+    """
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file and a rename, so readers never
+    see a half-written file."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as err:
+        raise SaffuError(f"cannot write {path}: {err.strerror}; choose a writable location") from None
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
+    """Write ``obj`` as indented JSON, atomically."""
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+
+
+def write_metrics(path: str | os.PathLike | None, metrics: Mapping[str, Any]) -> None:
+    """Write a flat JSON object of figures (numbers, strings, booleans) to ``path`` if given."""
+    if path is None:
+        return
+    flat = {}
+    for key, value in metrics.items():
+        if hasattr(value, "item"):  # numpy / jax scalars
+            value = value.item()
+        if not isinstance(value, (int, float, str, bool)) and value is not None:
+            raise TypeError(f"metric {key!r} is not a scalar: {type(value).__name__}")
+        flat[key] = value
+    atomic_write_json(path, flat)

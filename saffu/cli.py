@@ -1,0 +1,235 @@
+"""The ``saffu`` command line: thin wrappers that parse flags into configs and call the library.
+
+Every command prints a human summary, accepts ``--metrics-json PATH`` for a flat JSON object
+of its figures, and reports bad input as one ``saffu: error: …`` line (exit status 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from saffu._io import SaffuError, atomic_write_bytes, write_metrics
+
+DEFAULT_CORPUS = Path(__file__).resolve().parent.parent / "data" / "default_corpus"
+SHARED_CORPUS = Path("../shared/data/babylm/2023")
+
+
+def _print_metrics(title: str, metrics: dict) -> None:
+    print(title)
+    for key, value in metrics.items():
+        print(f"  {key:>24}: {value:.4f}" if isinstance(value, float) else f"  {key:>24}: {value}")
+
+
+def _corpus_from_args(args):
+    from saffu.corpus import babylm_corpus, text_files_corpus
+    if args.train_files:
+        splits = {args.train_split: args.train_files}
+        if args.dev_files:
+            splits["dev"] = args.dev_files
+        return text_files_corpus(splits, name="text-files")
+    if args.corpus is None:
+        raise SaffuError("give --corpus DIR (BabyLM layout) or --train-files FILE ...")
+    return babylm_corpus(args.corpus)
+
+
+def cmd_prepare(args) -> dict:
+    from saffu.prepare import PrepareConfig, prepare
+    corpus = _corpus_from_args(args)
+    config = PrepareConfig(vocab_size=args.vocab_size, train_split=args.train_split)
+    workdir = prepare(corpus, args.workdir, config, show_progress=not args.quiet)
+    metrics = {"vocab_size": workdir.vocab_size, "seconds": workdir.meta["seconds"]}
+    for split, info in workdir.meta["splits"].items():
+        for key, value in info.items():
+            metrics[f"{split}_{key}"] = value
+    _print_metrics(f"prepared {corpus.name} -> {workdir.path}", metrics)
+    for split, info in workdir.meta["splits"].items():
+        if info["replaced_bytes"]:
+            print(f"  note: {split} had {info['replaced_bytes']} invalid UTF-8 sequences, "
+                  f"read as U+FFFD")
+    return metrics
+
+
+def _bigram_config(args):
+    from saffu.bigram import BigramConfig
+    from saffu.codes import CipherConfig
+    from saffu.explicit import Smoothing
+    return BigramConfig(cipher=CipherConfig(bits=args.bits, background=args.background),
+                        smoothing=Smoothing(kind=args.smoothing, alpha=args.alpha, mu=args.mu),
+                        holdout_tokens=args.holdout_tokens, chunk_size=args.chunk_size)
+
+
+def _eval_splits(workdir) -> list[str]:
+    return [s for s in workdir.meta["splits"] if s != workdir.train_split]
+
+
+def cmd_stats(args) -> dict:
+    from saffu import statistics
+    from saffu.bigram import bigram_nll, fit_explicit_bigram
+    from saffu.codes import sparse_bit_cipher
+    from saffu.evaluation import pair_counts, split_metrics
+    from saffu.explicit import unigram_prior
+    from saffu.prepare import open_workdir
+
+    workdir = open_workdir(args.workdir)
+    config = _bigram_config(args)
+    start = time.perf_counter()
+    metrics: dict = {"model": args.model, "vocab_size": workdir.vocab_size}
+    if args.model == "bigram":
+        model, report = fit_explicit_bigram(workdir, config, progress=not args.quiet)
+        metrics.update({"bits": config.cipher.bits, **report})
+        nll = lambda pairs: bigram_nll(model, pairs)
+    else:  # unigram
+        stream = workdir.tokens(workdir.train_split)
+        stats = statistics.accumulate(stream, {"unigram": statistics.unigram_counts(workdir.vocab_size)},
+                                      progress=None if args.quiet else "statistics")
+        log_prior = np.log(unigram_prior(stats["unigram"]))
+        nll = lambda pairs: float(-(pairs[2] * log_prior[pairs[1]]).sum())
+    fit_seconds = time.perf_counter() - start
+    for split in _eval_splits(workdir):
+        pairs = pair_counts(workdir.tokens(split), vocab_size=workdir.vocab_size)
+        metrics.update(split_metrics(nll(pairs), workdir.split_info(split), prefix=f"{split}_"))
+    metrics["seconds"] = fit_seconds
+    if args.radius > 1 or args.save_statistics:
+        sparse = sparse_bit_cipher(workdir.vocab_size, config.cipher.bits)
+        offsets = statistics.accumulate(
+            workdir.tokens(workdir.train_split),
+            {"offset_cooccurrence": statistics.offset_cooccurrence(sparse, workdir.vocab_size, args.radius),
+             "unigram": statistics.unigram_counts(workdir.vocab_size)},
+            chunk_size=config.chunk_size, progress=None if args.quiet else f"offsets M={args.radius}")
+        import io
+        buffer = io.BytesIO()
+        np.savez(buffer, offset_cooccurrence=offsets["offset_cooccurrence"], unigram=offsets["unigram"],
+                 bits=config.cipher.bits, radius=args.radius)
+        atomic_write_bytes(Path(args.workdir) / "statistics.npz", buffer.getvalue())
+        metrics["offset_stats_seconds"] = offsets["seconds"]
+        metrics["offset_stats_tokens_per_s"] = (len(workdir.tokens(workdir.train_split)) - 1) / offsets["seconds"]
+    _print_metrics(f"explicit {args.model} model on {workdir.meta['corpus']}", metrics)
+    return metrics
+
+
+def cmd_download(args) -> dict:
+    from saffu.download import download_babylm
+    start = time.perf_counter()
+    dest = download_babylm(args.dest, args.url, args.sha256, progress=not args.quiet)
+    metrics = {"dest": str(dest), "seconds": time.perf_counter() - start,
+               "splits": ",".join(sorted(p.name for p in dest.iterdir()))}
+    _print_metrics(f"downloaded {args.url}", metrics)
+    return metrics
+
+
+def cmd_demo(args) -> dict:
+    """Embedded corpus -> tokenizer -> explicit bigram -> short Adam warm start -> evaluation."""
+    from saffu.bigram import TrainConfig, bigram_nll, fit_explicit_bigram, train_bigram
+    from saffu.corpus import babylm_corpus
+    from saffu.evaluation import pair_counts, split_metrics
+    from saffu.prepare import PrepareConfig, prepare
+
+    corpus = babylm_corpus(args.corpus, name="saffu-default" if args.corpus == DEFAULT_CORPUS else None)
+    workdir = prepare(corpus, args.workdir, PrepareConfig(vocab_size=args.vocab_size),
+                      show_progress=not args.quiet)
+    model, report = fit_explicit_bigram(workdir, _bigram_config(args), progress=not args.quiet)
+    dev = pair_counts(workdir.tokens("dev"), vocab_size=workdir.vocab_size)
+    info = workdir.split_info("dev")
+    metrics = {"explicit_seconds": report["seconds"], "beta": report["beta"]}
+    metrics.update(split_metrics(bigram_nll(model, dev), info, "explicit_dev_"))
+    trained, history = train_bigram(
+        model, workdir.tokens(workdir.train_split),
+        TrainConfig(steps=args.steps, learning_rate=args.learning_rate, eval_every=args.steps),
+        evaluate=lambda m: bigram_nll(m, dev) / info["predicted_tokens"], progress=not args.quiet)
+    metrics["warm_seconds"] = history[-1]["seconds"]
+    metrics["warm_steps"] = args.steps
+    metrics.update(split_metrics(bigram_nll(trained, dev), info, "warm_dev_"))
+    _print_metrics(f"saffu demo on {corpus.name}: explicit bigram, then {args.steps} Adam steps", metrics)
+    if SHARED_CORPUS.is_dir() and args.corpus == DEFAULT_CORPUS:
+        print(f"\nThe BabyLM corpus is at {SHARED_CORPUS}; run the same on it with\n"
+              f"  saffu demo --corpus {SHARED_CORPUS} --workdir runs/babylm --vocab-size 8192")
+    return metrics
+
+
+def _add_common(parser):
+    parser.add_argument("--metrics-json", type=Path, help="write the figures as a flat JSON object here")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def _add_model_flags(parser):
+    parser.add_argument("--bits", type=int, default=128, help="bit-cipher bits b (codes have b+1 dims)")
+    parser.add_argument("--background", type=float, default=0.0, help="background blend weight λ in [0,1)")
+    parser.add_argument("--smoothing", choices=["dirichlet", "additive", "noise"], default="dirichlet")
+    parser.add_argument("--mu", type=float, default=100.0, help="Dirichlet prior strength")
+    parser.add_argument("--alpha", type=float, default=0.5, help="additive / noise pseudo-count")
+    parser.add_argument("--holdout-tokens", type=int, default=100_000,
+                        help="training-stream tail held out of the counts to calibrate β (0: β=1)")
+    parser.add_argument("--chunk-size", type=int, default=1 << 15, help="targets per device per step")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="saffu", description="Explicit (closed-form) SAFFU language models.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("prepare", help="corpus -> tokenizer + memory-mapped token streams",
+                       description="Train a byte-level BPE on the training split, re-rank ids by "
+                                   "frequency and write every split's token stream to the work directory.")
+    p.add_argument("--corpus", type=Path, help="BabyLM-layout folder (train_10M/, dev/, ...)")
+    p.add_argument("--train-files", nargs="+", help="plain-text training files instead of --corpus")
+    p.add_argument("--dev-files", nargs="+", help="plain-text dev files (with --train-files)")
+    p.add_argument("--workdir", type=Path, required=True)
+    p.add_argument("--vocab-size", type=int, default=8192)
+    p.add_argument("--train-split", default="train_10M", help="train_10M or train_100M")
+    _add_common(p)
+    p.set_defaults(run=cmd_prepare)
+
+    p = sub.add_parser("stats", help="streaming statistics + explicit model + dev figures",
+                       description="Stream the training split through the accumulators, solve the "
+                                   "explicit model and score every other split.")
+    p.add_argument("--workdir", type=Path, required=True)
+    p.add_argument("--model", choices=["bigram", "unigram"], default="bigram")
+    p.add_argument("--radius", type=int, default=1,
+                   help="also compute and save offset statistics F_δ, δ < radius, to statistics.npz")
+    p.add_argument("--save-statistics", action="store_true", help="save statistics.npz even for radius 1")
+    _add_model_flags(p)
+    _add_common(p)
+    p.set_defaults(run=cmd_stats)
+
+    p = sub.add_parser("download", help="download the official BabyLM release (needs internet)")
+    p.add_argument("--dest", type=Path, required=True, help="new folder for the corpus")
+    from saffu.download import BABYLM_2023_URL
+    p.add_argument("--url", default=BABYLM_2023_URL)
+    p.add_argument("--sha256", help="expected checksum of the archive")
+    _add_common(p)
+    p.set_defaults(run=cmd_download)
+
+    p = sub.add_parser("demo", help="the main job on the embedded corpus: explicit init, warm start, evaluation")
+    p.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS)
+    p.add_argument("--workdir", type=Path, default=Path("runs/demo"))
+    p.add_argument("--vocab-size", type=int, default=1024)
+    p.add_argument("--steps", type=int, default=60, help="Adam warm-start steps")
+    p.add_argument("--learning-rate", type=float, default=3e-3)
+    _add_model_flags(p)
+    _add_common(p)
+    p.set_defaults(run=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        metrics = args.run(args)
+        write_metrics(args.metrics_json, metrics)
+    except SaffuError as err:
+        print(f"saffu: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("saffu: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

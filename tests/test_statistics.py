@@ -1,0 +1,145 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from saffu import (SaffuError, accumulate, accumulate_states, blend_background, code_background,
+                   dense_codes, document_context, feature_target, local_mesh, merge_states,
+                   offset_cooccurrence, sparse_bit_cipher, unigram_counts)
+from saffu.tokenizer import EOD_ID, PAD_ID
+
+
+def random_stream(seed: int, length: int, vocab_size: int, eod_rate: float = 0.1) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    stream = rng.integers(2, vocab_size, length)
+    stream[rng.random(length) < eod_rate] = EOD_ID
+    stream[0] = EOD_ID
+    return stream.astype(np.uint16)
+
+
+def reference_contexts(stream: np.ndarray, radius: int) -> np.ndarray:
+    """Plain-loop reference: context[t, δ] for targets t = 1 … N−1 (pad across documents)."""
+    contexts = np.full((len(stream) - 1, radius), PAD_ID, np.int64)
+    for target in range(1, len(stream)):
+        head = target - 1
+        for delta in range(radius):
+            j = head - delta
+            if j < 0 or (stream[j + 1:head + 1] == EOD_ID).any():
+                break
+            contexts[target - 1, delta] = stream[j]
+    return contexts
+
+
+def reference_offset_counts(stream, codes, vocab_size, radius):
+    """Integer state of offset_cooccurrence computed with np.add.at (exact reference)."""
+    L, K = codes.bit_index.shape[1], codes.dim
+    counts = np.zeros((radius, L, K, vocab_size), np.int64)
+    contexts = reference_contexts(stream, radius)
+    targets = stream[1:].astype(np.int64)
+    for delta in range(radius):
+        ctx = contexts[:, delta]
+        for slot in range(L):
+            bits = codes.bit_index[ctx, slot]
+            keep = bits >= 0
+            np.add.at(counts, (delta, codes.level[ctx][keep] - 1, bits[keep], targets[keep]), 1)
+    return counts
+
+
+def test_document_context_hides_earlier_documents():
+    #          0  1  2  3  4  5  6
+    window = jnp.asarray([EOD_ID, 5, 6, EOD_ID, 7, 8, 9], jnp.int32)
+    context, targets = document_context(window, radius=3)
+    # targets window[3:] = eod, 7, 8, 9 with heads 6, eod, 7, 8
+    np.testing.assert_array_equal(targets, [EOD_ID, 7, 8, 9])
+    np.testing.assert_array_equal(context, [[6, 5, EOD_ID],
+                                            [EOD_ID, PAD_ID, PAD_ID],
+                                            [7, EOD_ID, PAD_ID],
+                                            [8, 7, EOD_ID]])
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 1000), length=st.integers(2, 700), radius=st.integers(1, 5),
+       chunk=st.integers(1, 300), devices=st.sampled_from([1, 2, 4]))
+def test_counts_equal_numpy_reference_for_any_chunking_and_device_count(seed, length, radius, chunk, devices):
+    vocab_size = 40
+    stream = random_stream(seed, length, vocab_size)
+    codes = sparse_bit_cipher(vocab_size, bits=6)        # levels 1-3: non-dyadic 1/3 weights
+    accumulators = {"unigram": unigram_counts(vocab_size),
+                    "offsets": offset_cooccurrence(codes, vocab_size, radius)}
+    states = accumulate_states(stream, accumulators, chunk_size=chunk, mesh=local_mesh(devices),
+                               progress=None)
+    np.testing.assert_array_equal(states["unigram"], np.bincount(stream[1:], minlength=vocab_size))
+    reference = reference_offset_counts(stream, codes, vocab_size, radius)
+    np.testing.assert_array_equal(states["offsets"], reference.reshape(-1))   # exact integers
+    # finalized F_δ against a float64 reference built from dense codes
+    F = accumulators["offsets"].finalize(states["offsets"])
+    dense = dense_codes(codes)
+    contexts = reference_contexts(stream, radius)
+    expected = np.zeros((radius, codes.dim, vocab_size))
+    for delta in range(radius):
+        np.add.at(expected[delta].T, stream[1:].astype(np.int64), dense[contexts[:, delta]])
+    np.testing.assert_allclose(F, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_states_merge_by_addition_over_ranges():
+    stream = random_stream(3, 500, 30)
+    acc = {"offsets": offset_cooccurrence(sparse_bit_cipher(30, 5), 30, 3)}
+    whole = accumulate_states(stream, acc, progress=None)
+    first = accumulate_states(stream, acc, end=217, progress=None)
+    second = accumulate_states(stream, acc, begin=217, progress=None)
+    np.testing.assert_array_equal(merge_states(first, second)["offsets"], whole["offsets"])
+
+
+def test_background_blend_equals_dense_blended_codes():
+    vocab_size, radius, weight = 30, 2, 0.2
+    stream = random_stream(4, 300, vocab_size)
+    codes = sparse_bit_cipher(vocab_size, 5)
+    counts = np.bincount(stream, minlength=vocab_size)
+    F = accumulate(stream, {"o": offset_cooccurrence(codes, vocab_size, radius)}, progress=None)["o"]
+    blended = blend_background(F, code_background(codes, counts), weight)
+    dense = (1 - weight) * dense_codes(codes) + weight * code_background(codes, counts)
+    contexts = reference_contexts(stream, radius)
+    for delta in range(radius):
+        expected = np.zeros((codes.dim, vocab_size))
+        np.add.at(expected.T, stream[1:].astype(np.int64), dense[contexts[:, delta]])
+        np.testing.assert_allclose(blended[delta], expected, rtol=1e-12, atol=1e-12)
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 1000), chunk=st.integers(1, 200), devices=st.sampled_from([1, 2, 4]),
+       dense_target=st.booleans())
+def test_feature_target_accumulator_matches_numpy(seed, chunk, devices, dense_target):
+    vocab_size, radius = 25, 3
+    stream = random_stream(seed, 400, vocab_size)
+    table = np.random.default_rng(seed).random((vocab_size, 6)).astype(np.float32)
+
+    def features(context):                      # a non-negative map of the whole window
+        return jnp.asarray(table)[context].sum(axis=1)
+
+    target_table = np.random.default_rng(seed + 1).dirichlet(np.ones(4), vocab_size).astype(np.float32)
+    target_fn = (lambda t: jnp.asarray(target_table)[t]) if dense_target else None
+    acc = feature_target(features, 6, 4 if dense_target else vocab_size, radius, target_fn)
+    F = accumulate(stream, {"f": acc}, chunk_size=chunk, mesh=local_mesh(devices), progress=None)["f"]
+    contexts = reference_contexts(stream, radius)
+    phi = table.astype(np.float64)[contexts].sum(axis=1)
+    targets = stream[1:].astype(np.int64)
+    Y = target_table.astype(np.float64)[targets] if dense_target else np.eye(vocab_size)[targets]
+    np.testing.assert_allclose(F, phi.T @ Y, rtol=2e-5, atol=1e-4)   # float32 accumulation
+
+
+def test_negative_features_are_rejected():
+    stream = random_stream(0, 50, 10)
+    acc = feature_target(lambda c: -jnp.ones((c.shape[0], 2)), 2, 10, 1)
+    with pytest.raises(SaffuError, match="non-negative"):
+        accumulate(stream, {"f": acc}, progress=None)
+
+
+def test_states_stay_on_all_devices_and_memory_is_chunk_sized():
+    assert len(jax.local_devices()) == 4                # conftest forces 4 CPU devices
+    stream = random_stream(0, 5000, 30)
+    acc = {"u": unigram_counts(30)}
+    small = accumulate_states(stream, acc, chunk_size=16, progress=None)
+    assert small["u"].shape == (30,)                    # state size independent of the stream
+    with pytest.raises(SaffuError, match="outside the stream"):
+        accumulate_states(stream, acc, begin=0, progress=None)
