@@ -19,6 +19,7 @@ proportional to the corpus.
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any, Callable, Mapping, NamedTuple
 
@@ -44,17 +45,29 @@ class Accumulator(NamedTuple):
       init: ``() -> state`` for one device.
       update: ``(state, context int32[C, R], targets int32[C], mask bool[C]) -> state``.
       finalize: ``(state summed over devices, as numpy) -> statistics``.
+      capacity: the most targets one pass may stream while integer states stay exact
+        (no cell can pass 2^31); :func:`accumulate_states` refuses longer ranges — split
+        them and :func:`merge_states` the (int64) results.
     """
 
     radius: int
     init: Callable[[], State]
     update: Callable[[State, jax.Array, jax.Array, jax.Array], State]
     finalize: Callable[[State], Any]
+    capacity: int = 2**31 - 1
 
 
 def merge_states(a: State, b: State) -> State:
-    """Two states of the same accumulator (chunks, devices or hosts) merged by addition."""
-    return jax.tree.map(lambda x, y: x + y, a, b)
+    """Two host states of the same accumulator (ranges, hosts) merged by addition; integer
+    counts are widened to int64 so the sum stays exact."""
+
+    def add(x, y):
+        x, y = np.asarray(x), np.asarray(y)
+        if np.issubdtype(x.dtype, np.integer):
+            return x.astype(np.int64) + y
+        return x + y
+
+    return jax.tree.map(add, a, b)
 
 
 def document_context(window: jax.Array, radius: int) -> tuple[jax.Array, jax.Array]:
@@ -97,39 +110,70 @@ def offset_cooccurrence(codes: SparseCodes, vocab_size: int, radius: int) -> Acc
     """Offset co-occurrences ``F_δ = Σ_t c(w_{t−δ})ᵀ e(w_{t+1})`` for ``δ = 0 … M−1``
     (formulation §3 stage 1), over the sparse bit-cipher ``c`` without background.
 
-    The state counts, exactly and in integers, how often bit ``k`` of a level-``l`` context
-    token at offset ``δ`` precedes target ``v``: ``int32[M·L·K·V]``. Since a level-``l`` code
-    has value ``1/l`` on each of its bits, ``F_δ = Σ_l G[δ, l] / l`` (finalize, float64).
+    Counting is exact and in integers. A level-``l`` code has value ``1/l`` on each of its
+    bits; with ``D = lcm(1 … L)`` each (offset, bit, target) cell adds the integer ``D / l``
+    and ``F_δ = state / D``. Three layouts of that one idea, chosen by ``L``:
+
+    * ``D = L`` (``L ≤ 2``, the default 128-bit codes): every token fills exactly ``L`` slots
+      (a level-1 token repeats its bit), so every update adds the constant 1 — the fastest
+      scatter, with no dropped slots;
+    * ``D ≤ 12`` (``L ≤ 4``): ``L`` slots adding ``D / l``;
+    * otherwise one state slice per level (adding 1) and ``F_δ = Σ_l state_l / l``.
+
+    The state is target-major, ``int32[V, M, S, K]`` (``S`` level slices, usually 1): the
+    ``M·L`` updates of one target land in one small block, which keeps the scatter in cache.
 
     Finalized: ``float64[M, K, V]``. Blend a background with :func:`blend_background`.
     """
     bit_index = np.asarray(codes.bit_index)
     levels = np.asarray(codes.level)
-    num_levels, dim = bit_index.shape[1], codes.dim
-    size = radius * num_levels * dim * vocab_size
+    max_level, dim = bit_index.shape[1], codes.dim
+    common = int(np.lcm.reduce(np.arange(1, max_level + 1)))
+    if common == max_level:                          # repeat bits to fill every slot
+        slots = np.repeat(bit_index[:, :1], max_level, axis=1)
+        for token in np.nonzero(levels == max_level)[0]:
+            slots[token] = bit_index[token]
+        increment, slices, level_slice, denominator = None, 1, None, common
+    elif common <= 12:
+        slots, slices, level_slice, denominator = bit_index, 1, None, common
+        increment = np.repeat((common // levels)[:, None], max_level, axis=1).astype(np.int32)
+    else:
+        slots, increment, slices, denominator = bit_index, None, max_level, 1
+        level_slice = (levels - 1).astype(np.int32)
+    size = vocab_size * radius * slices * dim
     if size >= 2**31 - 1:
         raise SaffuError(f"offset statistics of {size:,} cells exceed int32 indexing; "
                          f"reduce --radius, --bits or --vocab-size")
 
     def init():
-        return jnp.zeros((size,), jnp.int32)  # int32 counts: exact up to 2^31 per cell
+        # int32: exact while no cell passes 2^31, which ``capacity`` guarantees
+        return jnp.zeros((size,), jnp.int32)
 
     def update(state, context, targets, mask):
         context = context[:, :radius]                                    # [C, M]
-        bits = jnp.asarray(bit_index)[context]                           # [C, M, L]
-        level = jnp.asarray(levels)[context] - 1                         # [C, M]
-        offset = jnp.arange(radius, dtype=jnp.int32)[None, :, None]
-        cell = ((offset * num_levels + level[..., None]) * dim + bits) * vocab_size
-        cell = cell + targets[:, None, None]
+        bits = jnp.asarray(slots)[context]                               # [C, M, L]
+        row = targets[:, None] * radius + jnp.arange(radius, dtype=jnp.int32)[None, :]
+        if level_slice is not None:
+            row = row * slices + jnp.asarray(level_slice)[context]
+        cell = row[..., None] * dim + bits
         cell = jnp.where((bits >= 0) & mask[:, None, None], cell, size)  # size -> dropped
-        return state.at[cell.reshape(-1)].add(1, mode="drop")
+        if increment is None:
+            return state.at[cell.reshape(-1)].add(1, mode="drop")
+        return state.at[cell.reshape(-1)].add(jnp.asarray(increment)[context].reshape(-1), mode="drop")
 
     def finalize(state):
-        counts = np.asarray(state, np.float64).reshape(radius, num_levels, dim, vocab_size)
-        inverse_level = 1.0 / np.arange(1, num_levels + 1, dtype=np.float64)
-        return np.einsum("mlkv,l->mkv", counts, inverse_level)
+        counts = np.asarray(state).reshape(vocab_size, radius, slices, dim)
+        if slices == 1:
+            cooccurrence = counts[:, :, 0] / float(denominator)
+        else:
+            cooccurrence = counts[:, :, 0].astype(np.float64)
+            for level in range(2, slices + 1):
+                cooccurrence += counts[:, :, level - 1] / level
+        return cooccurrence.transpose(1, 2, 0)                            # [M, K, V]
 
-    return Accumulator(radius, init, update, finalize)
+    max_increment = 1 if increment is None else int(increment.max())
+    capacity = (2**31 - 1) // (max_increment * max_level)
+    return Accumulator(radius, init, update, finalize, capacity)
 
 
 def blend_background(cooccurrence: np.ndarray, background: np.ndarray, weight: float) -> np.ndarray:
@@ -212,6 +256,22 @@ def _windows(stream: np.ndarray, first_target: int, end: int, num_devices: int,
     return windows, masks
 
 
+@functools.lru_cache(maxsize=32)
+def _sharded_step(accumulators: tuple[Accumulator, ...], mesh: Mesh, radius: int):
+    """One jitted step updating every accumulator on every device (cached, so repeated passes
+    with the same accumulators compile once)."""
+
+    def local_update(states, windows, masks):
+        context, targets = document_context(windows[0], radius)
+        return [acc.update(state[0], context, targets, masks[0])[None]
+                for acc, state in zip(accumulators, states)]
+
+    return jax.jit(jax.shard_map(local_update, mesh=mesh,
+                                 in_specs=(PartitionSpec(_DEVICE_AXIS),) * 3,
+                                 out_specs=PartitionSpec(_DEVICE_AXIS)),
+                   donate_argnums=0)
+
+
 def accumulate_states(stream: np.ndarray, accumulators: Mapping[str, Accumulator], *,
                       begin: int = 1, end: int | None = None, chunk_size: int = 1 << 15,
                       mesh: Mesh | None = None, progress: str | None = "statistics") -> dict[str, State]:
@@ -226,27 +286,22 @@ def accumulate_states(stream: np.ndarray, accumulators: Mapping[str, Accumulator
       mesh: 1-D device mesh (default: all local devices).
       progress: progress-bar label, or ``None`` for none.
 
-    Returns name -> state summed over devices, as numpy (``int64`` for counts, ``float64``
-    otherwise), ready for ``finalize`` or for :func:`merge_states` with another host's.
+    Returns name -> state summed over devices, as numpy, ready for ``finalize`` or for
+    :func:`merge_states` with another range's or host's.
     """
     end = len(stream) if end is None else end
     if not 1 <= begin <= end <= len(stream):
         raise SaffuError(f"target range [{begin}, {end}) is outside the stream of {len(stream)} tokens")
+    for name, acc in accumulators.items():
+        if end - begin > acc.capacity:
+            raise SaffuError(f"{end - begin:,} targets exceed the exact range of accumulator {name!r} "
+                             f"({acc.capacity:,}); stream the corpus in parts and merge_states them")
     mesh = mesh or local_mesh()
     num_devices = mesh.devices.size
     radius = max([acc.radius for acc in accumulators.values()] + [1])
     sharded = NamedSharding(mesh, PartitionSpec(_DEVICE_AXIS))
     names = list(accumulators)
-
-    def local_update(states, windows, masks):
-        context, targets = document_context(windows[0], radius)
-        return [acc.update(state[0], context, targets, masks[0])[None]
-                for acc, state in zip((accumulators[n] for n in names), states)]
-
-    step = jax.jit(jax.shard_map(local_update, mesh=mesh,
-                                 in_specs=(PartitionSpec(_DEVICE_AXIS),) * 3,
-                                 out_specs=PartitionSpec(_DEVICE_AXIS)),
-                   donate_argnums=0)
+    step = _sharded_step(tuple(accumulators[n] for n in names), mesh, radius)
     states = [jax.device_put(jnp.stack([accumulators[n].init()] * num_devices), sharded)
               for n in names]
     per_step = num_devices * chunk_size
@@ -256,12 +311,15 @@ def accumulate_states(stream: np.ndarray, accumulators: Mapping[str, Accumulator
             windows, masks = _windows(stream, first, end, num_devices, chunk_size, radius)
             states = step(states, jax.device_put(windows, sharded), jax.device_put(masks, sharded))
             bar.update(min(per_step, end - first))
-    out = {}
-    for name, state in zip(names, states):
-        host = np.asarray(jax.device_get(state))
-        wide = np.int64 if np.issubdtype(host.dtype, np.integer) else np.float64
-        out[name] = host.sum(axis=0, dtype=wide)
-    return out
+    # Adding the device states on the devices is exact: capacity bounds every cell's total.
+    if num_devices == 1:
+        return {name: np.asarray(state)[0] for name, state in zip(names, states)}
+    return {name: np.asarray(_sum_devices(state)) for name, state in zip(names, states)}
+
+
+@jax.jit
+def _sum_devices(state: jax.Array) -> jax.Array:
+    return state.sum(axis=0, dtype=state.dtype)
 
 
 def accumulate(stream: np.ndarray, accumulators: Mapping[str, Accumulator], **kwargs) -> dict[str, Any]:

@@ -58,22 +58,33 @@ def test_document_context_hides_earlier_documents():
                                             [8, 7, EOD_ID]])
 
 
-@settings(max_examples=15, deadline=None)
-@given(seed=st.integers(0, 1000), length=st.integers(2, 700), radius=st.integers(1, 5),
-       chunk=st.integers(1, 300), devices=st.sampled_from([1, 2, 4]))
-def test_counts_equal_numpy_reference_for_any_chunking_and_device_count(seed, length, radius, chunk, devices):
-    vocab_size = 40
+# (vocab, bits) covering the three state layouts: max level 2 (repeated slots), 3 (weighted
+# slots, lcm 6) and 5 (one slice per level, lcm 60)
+LAYOUTS = [(20, 6), (40, 6), (33, 5)]
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 1000), length=st.integers(2, 500), radius=st.integers(1, 4),
+       chunk=st.integers(5, 200), devices=st.sampled_from([1, 2, 4]), layout=st.sampled_from(LAYOUTS))
+def test_counts_equal_numpy_reference_for_any_chunking_and_device_count(seed, length, radius, chunk,
+                                                                       devices, layout):
+    vocab_size, bits = layout
     stream = random_stream(seed, length, vocab_size)
-    codes = sparse_bit_cipher(vocab_size, bits=6)        # levels 1-3: non-dyadic 1/3 weights
+    codes = sparse_bit_cipher(vocab_size, bits)
     accumulators = {"unigram": unigram_counts(vocab_size),
                     "offsets": offset_cooccurrence(codes, vocab_size, radius)}
     states = accumulate_states(stream, accumulators, chunk_size=chunk, mesh=local_mesh(devices),
                                progress=None)
     np.testing.assert_array_equal(states["unigram"], np.bincount(stream[1:], minlength=vocab_size))
-    reference = reference_offset_counts(stream, codes, vocab_size, radius)
-    np.testing.assert_array_equal(states["offsets"], reference.reshape(-1))   # exact integers
-    # finalized F_δ against a float64 reference built from dense codes
     F = accumulators["offsets"].finalize(states["offsets"])
+    # exact: F·D is the integer Σ_l count_l · D / l of the plain-loop reference
+    counts = reference_offset_counts(stream, codes, vocab_size, radius)       # [M, L, K, V]
+    L = counts.shape[1]
+    D = int(np.lcm.reduce(np.arange(1, L + 1)))
+    exact = np.einsum("mlkv,l->mkv", counts, D // np.arange(1, L + 1))
+    np.testing.assert_allclose(F * D, exact, rtol=0, atol=1e-9)
+    np.testing.assert_array_equal(np.rint(F * D).astype(np.int64), exact)
+    # and against a float64 reference built from the dense codes
     dense = dense_codes(codes)
     contexts = reference_contexts(stream, radius)
     expected = np.zeros((radius, codes.dim, vocab_size))
@@ -143,3 +154,15 @@ def test_states_stay_on_all_devices_and_memory_is_chunk_sized():
     assert small["u"].shape == (30,)                    # state size independent of the stream
     with pytest.raises(SaffuError, match="outside the stream"):
         accumulate_states(stream, acc, begin=0, progress=None)
+
+
+def test_passes_longer_than_the_exact_range_are_refused():
+    stream = random_stream(1, 100, 30)
+    limited = unigram_counts(30)._replace(capacity=50)
+    with pytest.raises(SaffuError, match="exceed the exact range"):
+        accumulate_states(stream, {"u": limited}, progress=None)
+    halves = [accumulate_states(stream, {"u": limited}, begin=b, end=e, progress=None)
+              for b, e in ((1, 50), (50, 100))]
+    merged = merge_states(*halves)["u"]
+    assert merged.dtype == np.int64
+    np.testing.assert_array_equal(merged, np.bincount(stream[1:], minlength=30))
