@@ -33,10 +33,10 @@ def _corpus_from_args(args):
         splits = {args.train_split: args.train_files}
         if args.dev_files:
             splits["dev"] = args.dev_files
-        return text_files_corpus(splits, name="text-files")
+        return text_files_corpus(splits, name=args.corpus_name or "text-files")
     if args.corpus is None:
         raise SaffuError("give --corpus DIR (BabyLM layout) or --train-files FILE ...")
-    return babylm_corpus(args.corpus)
+    return babylm_corpus(args.corpus, name=args.corpus_name)
 
 
 def cmd_prepare(args) -> dict:
@@ -49,6 +49,9 @@ def cmd_prepare(args) -> dict:
         for key, value in info.items():
             metrics[f"{split}_{key}"] = value
     _print_metrics(f"prepared {corpus.name} -> {workdir.path}", metrics)
+    if workdir.vocab_size < args.vocab_size:
+        print(f"  note: the corpus supports only {workdir.vocab_size} BPE tokens "
+              f"(--vocab-size {args.vocab_size} was asked for)")
     for split, info in workdir.meta["splits"].items():
         if info["replaced_bytes"]:
             print(f"  note: {split} had {info['replaced_bytes']} invalid UTF-8 sequences, "
@@ -182,6 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workdir", type=Path, required=True)
     p.add_argument("--vocab-size", type=int, default=8192)
     p.add_argument("--train-split", default="train_10M", help="train_10M or train_100M")
+    p.add_argument("--corpus-name", help="label for reports (default: the folder name), "
+                                         "e.g. babylm-2023-4src for ../shared/data/babylm/2023")
     _add_common(p)
     p.set_defaults(run=cmd_prepare)
 
