@@ -16,14 +16,14 @@ from saffu.evaluation import language_model_metrics, pair_counts, split_metrics
 from saffu.explicit import (Smoothing, calibrate_temperature, conditional_probabilities,
                             explicit_softmax_weights, unigram_prior)
 from saffu.prepare import PrepareConfig, WorkDir, open_workdir, prepare
-from saffu.statistics import (Accumulator, accumulate, accumulate_states, blend_background,
+from saffu.statistics import (Accumulator, Batch, accumulate, accumulate_states, blend_background,
                               document_context, feature_target, local_mesh, merge_states,
                               offset_cooccurrence, unigram_counts)
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Accumulator", "BigramConfig", "BigramModel", "CipherConfig", "Corpus", "PrepareConfig",
+    "Accumulator", "Batch", "BigramConfig", "BigramModel", "CipherConfig", "Corpus", "PrepareConfig",
     "SaffuError", "Smoothing", "SparseCodes", "TrainConfig", "WorkDir", "accumulate",
     "accumulate_states", "babylm_corpus", "bigram_nll", "bit_cipher_codes", "blend_background",
     "calibrate_temperature", "code_background", "conditional_probabilities", "dense_codes",

@@ -156,6 +156,109 @@ def cmd_demo(args) -> dict:
     return metrics
 
 
+def _model_config(args, vocab_size: int):
+    from saffu.model import SaffuConfig
+    return SaffuConfig(vocab_size=vocab_size, bits=args.bits, radius=args.radius, heads=args.heads,
+                       positions=args.positions, hidden=args.hidden, value_form=args.value_form,
+                       blocks=args.blocks)
+
+
+def _eval_limit(args):
+    return None if args.eval_tokens == 0 else args.eval_tokens
+
+
+def cmd_fit(args) -> dict:
+    """Explicit solution of a SAFFU model -> run directory (config + explicit checkpoint)."""
+    from saffu.explicit import Smoothing
+    from saffu.model import parameter_count
+    from saffu.prepare import open_workdir
+    from saffu.runs import evaluate_split, save_explicit, save_run_config
+    from saffu.solver import SolverConfig, solve_explicit
+
+    workdir = open_workdir(args.workdir)
+    if args.background:
+        raise SaffuError("--background is not supported by the SAFFU solver yet (codes are unblended); "
+                         "drop the flag")
+    config = _model_config(args, workdir.vocab_size)
+    solver = SolverConfig(smoothing=Smoothing(kind=args.smoothing, alpha=args.alpha, mu=args.mu),
+                          holdout_tokens=args.holdout_tokens, chunk_size=args.chunk_size)
+    params, report = solve_explicit(workdir, config, solver, progress=not args.quiet)
+    Path(args.run).mkdir(parents=True, exist_ok=True)
+    save_run_config(args.run, config, workdir)
+    save_explicit(args.run, params)
+    metrics = {**report, "params": parameter_count(params)}
+    for split in _eval_splits(workdir):
+        metrics.update(evaluate_split(params, config, workdir, split, _eval_limit(args), not args.quiet))
+    _print_metrics(f"explicit SAFFU on {workdir.meta['corpus']} -> {args.run}", metrics)
+    return metrics
+
+
+def cmd_train(args) -> dict:
+    """Backprop from the explicit solution (warm) or from random init (cold)."""
+    import jax
+    from saffu.model import init_params, parameter_count
+    from saffu.prepare import open_workdir
+    from saffu.runs import evaluate_split, load_explicit, load_run_config, save_run_config
+    from saffu.training import TrainConfig, train
+
+    workdir = open_workdir(args.workdir)
+    run = Path(args.run)
+    if args.init == "explicit":
+        config = load_run_config(run)
+        params = load_explicit(run, config)
+    else:
+        config = load_run_config(run) if (run / "config.json").exists() else _model_config(args, workdir.vocab_size)
+        run.mkdir(parents=True, exist_ok=True)
+        save_run_config(run, config, workdir)
+        params = init_params(config, jax.random.fold_in(jax.random.key(args.seed), 0))
+    train_config = TrainConfig(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len,
+                               learning_rate=args.learning_rate, warmup_steps=args.warmup_steps,
+                               weight_decay=args.weight_decay, adam_eps=args.adam_eps,
+                               eval_every=args.eval_every, checkpoint_every=args.checkpoint_every,
+                               seed=args.seed, freeze=tuple(args.freeze), thaw_step=args.thaw_step)
+    dev = workdir.tokens("dev") if "dev" in workdir.meta["splits"] else None
+    show = None if args.quiet else (lambda r: print(f"  step {r['step']:>6}  dev_loss {r['dev_loss']:.4f}  "
+                                                    f"train_loss {r['train_loss']:.4f}  {r['seconds']:.1f} s"))
+    params, history = train(config, params, workdir.tokens(workdir.train_split), train_config, run,
+                            dev_stream=dev, on_eval=show, progress=not args.quiet)
+    metrics = {"init": args.init, "params": parameter_count(params), "steps": history[-1]["step"] if history else 0}
+    if history:
+        metrics.update(train_seconds=history[-1]["seconds"], tokens_per_s=history[-1]["tokens_per_s"])
+    for split in _eval_splits(workdir):
+        metrics.update(evaluate_split(params, config, workdir, split, _eval_limit(args), not args.quiet))
+    _print_metrics(f"{args.init}-init training of {run}", metrics)
+    return metrics
+
+
+def cmd_eval(args) -> dict:
+    from saffu.prepare import open_workdir
+    from saffu.runs import evaluate_split, load_params, load_run_config
+    workdir = open_workdir(args.workdir)
+    config = load_run_config(args.run)
+    params, which = load_params(args.run, config, args.checkpoint)
+    metrics = {"checkpoint": which}
+    for split in args.split or _eval_splits(workdir):
+        metrics.update(evaluate_split(params, config, workdir, split, _eval_limit(args), not args.quiet))
+    _print_metrics(f"{args.run} ({which})", metrics)
+    return metrics
+
+
+def cmd_generate(args) -> dict:
+    import jax
+    from saffu.prepare import open_workdir
+    from saffu.runs import generate, load_params, load_run_config
+    workdir = open_workdir(args.workdir)
+    config = load_run_config(args.run)
+    params, which = load_params(args.run, config, args.checkpoint)
+    texts = generate(params, config, workdir.tokenizer(), jax.random.key(args.seed), args.num_samples,
+                     args.max_tokens, args.temperature, args.top_k)
+    print(f"{len(texts)} samples from {args.run} ({which}):")
+    for text in texts:
+        print(f"  > {text}")
+    return {"checkpoint": which, "samples": len(texts), "mean_chars": float(np.mean([len(t) for t in texts])),
+            **{f"sample_{i}": t for i, t in enumerate(texts)}}
+
+
 def _add_common(parser):
     parser.add_argument("--metrics-json", type=Path, help="write the figures as a flat JSON object here")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -170,6 +273,20 @@ def _add_model_flags(parser):
     parser.add_argument("--holdout-tokens", type=int, default=100_000,
                         help="training-stream tail held out of the counts to calibrate β (0: β=1)")
     parser.add_argument("--chunk-size", type=int, default=1 << 15, help="targets per device per step")
+
+
+def _add_architecture_flags(parser):
+    parser.add_argument("--radius", type=int, default=8, help="context rows M per block")
+    parser.add_argument("--heads", type=int, default=1, help="attention heads (head h attends over M >> h rows)")
+    parser.add_argument("--positions", type=int, default=2, help="nearest rows with their own output group")
+    parser.add_argument("--hidden", type=int, default=0, help="0: direct output layer; D: softmax hidden chain")
+    parser.add_argument("--value-form", choices=["linear", "log"], default="linear")
+    parser.add_argument("--blocks", type=int, default=1, help="stacked SAFFU blocks")
+
+
+def _add_eval_flags(parser):
+    parser.add_argument("--eval-tokens", type=int, default=0,
+                        help="score only the first N tokens of each split (0: all, with bits per byte)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -188,7 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--corpus-name", help="label for reports (default: the folder name), "
                                          "e.g. babylm-2023-4src for ../shared/data/babylm/2023")
     _add_common(p)
-    p.set_defaults(run=cmd_prepare)
+    p.set_defaults(run_command=cmd_prepare)
 
     p = sub.add_parser("stats", help="streaming statistics + explicit model + dev figures",
                        description="Stream the training split through the accumulators, solve the "
@@ -200,7 +317,63 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save-statistics", action="store_true", help="save statistics.npz even for radius 1")
     _add_model_flags(p)
     _add_common(p)
-    p.set_defaults(run=cmd_stats)
+    p.set_defaults(run_command=cmd_stats)
+
+    p = sub.add_parser("fit", help="explicit SAFFU solution -> run directory (no backprop)",
+                       description="Solve a SAFFU model stage by stage from streaming statistics, save it "
+                                   "to --run and score every non-training split.")
+    p.add_argument("--workdir", type=Path, required=True)
+    p.add_argument("--run", type=Path, required=True, help="run directory to create")
+    _add_architecture_flags(p)
+    _add_model_flags(p)
+    p.set_defaults(holdout_tokens=16_384, chunk_size=1 << 12)
+    _add_eval_flags(p)
+    _add_common(p)
+    p.set_defaults(run_command=cmd_fit)
+
+    p = sub.add_parser("train", help="backprop with optax from explicit (warm) or random (cold) init",
+                       description="Train a SAFFU model; resumes from --run/checkpoints when present.")
+    p.add_argument("--workdir", type=Path, required=True)
+    p.add_argument("--run", type=Path, required=True)
+    p.add_argument("--init", choices=["explicit", "random"], required=True)
+    _add_architecture_flags(p)
+    p.add_argument("--bits", type=int, default=128)
+    p.add_argument("--steps", type=int, default=0, help="0: one epoch")
+    p.add_argument("--batch-size", type=int, default=16, help="windows per step")
+    p.add_argument("--seq-len", type=int, default=256, help="targets per window")
+    p.add_argument("--learning-rate", type=float, default=3e-3)
+    p.add_argument("--warmup-steps", type=int, default=50)
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--adam-eps", type=float, default=1e-8)
+    p.add_argument("--eval-every", type=int, default=100)
+    p.add_argument("--checkpoint-every", type=int, default=200)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--freeze", nargs="*", default=[], help="parameter names frozen until --thaw-step")
+    p.add_argument("--thaw-step", type=int, default=0)
+    _add_eval_flags(p)
+    _add_common(p)
+    p.set_defaults(run_command=cmd_train)
+
+    p = sub.add_parser("eval", help="loss, perplexity, bits per byte of a run")
+    p.add_argument("--workdir", type=Path, required=True)
+    p.add_argument("--run", type=Path, required=True)
+    p.add_argument("--split", nargs="*", help="splits to score (default: all but training)")
+    p.add_argument("--checkpoint", choices=["latest", "explicit"], default="latest")
+    _add_eval_flags(p)
+    _add_common(p)
+    p.set_defaults(run_command=cmd_eval)
+
+    p = sub.add_parser("generate", help="sample documents from a run")
+    p.add_argument("--workdir", type=Path, required=True)
+    p.add_argument("--run", type=Path, required=True)
+    p.add_argument("--checkpoint", choices=["latest", "explicit"], default="latest")
+    p.add_argument("--num-samples", type=int, default=3)
+    p.add_argument("--max-tokens", type=int, default=60)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=50, help="0: sample from the whole vocabulary")
+    p.add_argument("--seed", type=int, default=0)
+    _add_common(p)
+    p.set_defaults(run_command=cmd_generate)
 
     p = sub.add_parser("download", help="download the official BabyLM release (needs internet)")
     p.add_argument("--dest", type=Path, required=True, help="new folder for the corpus")
@@ -208,7 +381,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--url", default=BABYLM_2023_URL)
     p.add_argument("--sha256", help="expected checksum of the archive")
     _add_common(p)
-    p.set_defaults(run=cmd_download)
+    p.set_defaults(run_command=cmd_download)
 
     p = sub.add_parser("demo", help="the main job on the embedded corpus: explicit init, warm start, evaluation")
     p.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS)
@@ -218,14 +391,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--learning-rate", type=float, default=3e-3)
     _add_model_flags(p)
     _add_common(p)
-    p.set_defaults(run=cmd_demo)
+    p.set_defaults(run_command=cmd_demo)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        metrics = args.run(args)
+        metrics = args.run_command(args)
         write_metrics(args.metrics_json, metrics)
     except SaffuError as err:
         print(f"saffu: error: {err}", file=sys.stderr)

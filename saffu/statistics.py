@@ -3,10 +3,8 @@
 An :class:`Accumulator` is a pure triple (formulation §1–3; house style):
 
 * ``init() -> state`` — a pytree of zeros for one device,
-* ``update(state, context, targets, mask) -> state`` — jittable; ``context`` is
-  ``int32[C, R]`` (``context[c, δ]`` is the token ``δ`` positions before the head of target
-  ``c``, ``<pad>`` before its document start), ``targets`` is ``int32[C]``, ``mask`` is
-  ``bool[C]`` (False on the padded tail of the last chunk),
+* ``update(state, batch) -> state`` — jittable, on one :class:`Batch` of ``C`` targets
+  (their window of the stream, per-target document contexts, targets and tail mask),
 * ``finalize(host_state) -> statistics`` — on the host, in float64.
 
 States are sums, so two states (two chunks, two devices, two hosts) merge by addition:
@@ -37,13 +35,30 @@ State = Any
 _DEVICE_AXIS = "devices"
 
 
+class Batch(NamedTuple):
+    """One device's chunk of ``C`` targets, as every accumulator sees it.
+
+    Attributes:
+      window: ``int32[R + C]`` — the stream: ``R`` tokens of left context, then the targets.
+      context: ``int32[C, R]`` — ``context[c, δ]`` is the token ``δ`` positions before the
+        head of target ``c`` (the head is ``δ = 0``), ``<pad>`` before its document start.
+      targets: ``int32[C]``.
+      mask: ``bool[C]`` — False on the padded tail of the last chunk.
+    """
+
+    window: jax.Array
+    context: jax.Array
+    targets: jax.Array
+    mask: jax.Array
+
+
 class Accumulator(NamedTuple):
     """A streaming statistic (see the module docstring).
 
     Attributes:
       radius: how many context tokens ``update`` reads (``context[:, :radius]``).
       init: ``() -> state`` for one device.
-      update: ``(state, context int32[C, R], targets int32[C], mask bool[C]) -> state``.
+      update: ``(state, Batch) -> state``.
       finalize: ``(state summed over devices, as numpy) -> statistics``.
       capacity: the most targets one pass may stream while integer states stay exact
         (no cell can pass 2^31); :func:`accumulate_states` refuses longer ranges — split
@@ -52,7 +67,7 @@ class Accumulator(NamedTuple):
 
     radius: int
     init: Callable[[], State]
-    update: Callable[[State, jax.Array, jax.Array, jax.Array], State]
+    update: Callable[[State, Batch], State]
     finalize: Callable[[State], Any]
     capacity: int = 2**31 - 1
 
@@ -99,9 +114,8 @@ def unigram_counts(vocab_size: int) -> Accumulator:
     def init():
         return jnp.zeros((vocab_size,), jnp.int32)  # int32: exact up to 2^31 per token
 
-    def update(state, context, targets, mask):
-        del context
-        return state.at[jnp.where(mask, targets, vocab_size)].add(1, mode="drop")
+    def update(state, batch):
+        return state.at[jnp.where(batch.mask, batch.targets, vocab_size)].add(1, mode="drop")
 
     return Accumulator(0, init, update, lambda state: np.asarray(state, np.int64))
 
@@ -149,8 +163,8 @@ def offset_cooccurrence(codes: SparseCodes, vocab_size: int, radius: int) -> Acc
         # int32: exact while no cell passes 2^31, which ``capacity`` guarantees
         return jnp.zeros((size,), jnp.int32)
 
-    def update(state, context, targets, mask):
-        context = context[:, :radius]                                    # [C, M]
+    def update(state, batch):
+        context, targets, mask = batch.context[:, :radius], batch.targets, batch.mask  # [C, M]
         bits = jnp.asarray(slots)[context]                               # [C, M, L]
         row = targets[:, None] * radius + jnp.arange(radius, dtype=jnp.int32)[None, :]
         if level_slice is not None:
@@ -191,20 +205,22 @@ def blend_background(cooccurrence: np.ndarray, background: np.ndarray, weight: f
     return (1.0 - weight) * cooccurrence + weight * background[None, :, None] * target_counts
 
 
-def feature_target(feature_fn: Callable[[jax.Array], jax.Array], num_features: int,
+def feature_target(feature_fn: Callable[[Batch], jax.Array], num_features: int,
                    num_targets: int, radius: int,
-                   target_fn: Callable[[jax.Array], jax.Array] | None = None,
+                   target_fn: Callable[[Batch], jax.Array] | None = None,
                    dtype=jnp.float32) -> Accumulator:
-    """Generic ``F = Σ_t φ(context_t)ᵀ y_t`` for any jittable non-negative feature map.
+    """Generic ``F = Σ_t φ_tᵀ y_t`` for any jittable non-negative feature map.
 
     Args:
-      feature_fn: ``int32[C, radius] -> float[C, N]``, non-negative (later SAFFU stages pass
-        attention values, hidden softmaxes, …).
+      feature_fn: ``Batch -> float[C, N]``, non-negative; it may read the per-target
+        ``batch.context[:, :radius]`` or run a sequence model over ``batch.window`` (the
+        SAFFU solver computes attention values and hidden softmaxes this way).
       num_features: ``N``.
       num_targets: ``T`` — ``V`` for one-hot next-token targets, or the width of ``target_fn``.
       radius: context tokens the feature map reads.
-      target_fn: ``int32[C] -> float[C, T]`` target distributions (for example the next
-        token's cipher code); ``None`` means one-hot ``e(w_{t+1})`` over ``T = V`` tokens.
+      target_fn: ``Batch -> float[C, T]`` target distributions (for example the next
+        token's cipher code, or responsibilities that depend on the context);
+        ``None`` means one-hot ``e(w_{t+1})`` over ``T = V`` tokens.
       dtype: accumulation dtype (float32 unless x64 is enabled).
 
     Finalized: ``float64[N, T]``; raises SaffuError if a feature was negative.
@@ -214,11 +230,11 @@ def feature_target(feature_fn: Callable[[jax.Array], jax.Array], num_features: i
         shape = (num_targets, num_features) if target_fn is None else (num_features, num_targets)
         return jnp.zeros(shape, dtype)
 
-    def update(state, context, targets, mask):
-        features = feature_fn(context[:, :radius]).astype(dtype) * mask[:, None]
+    def update(state, batch):
+        features = feature_fn(batch).astype(dtype) * batch.mask[:, None]
         if target_fn is None:  # rows of the target-major state: a scatter, no one-hot matrix
-            return state.at[targets].add(features)
-        return state + features.T @ target_fn(targets).astype(dtype)
+            return state.at[batch.targets].add(features)
+        return state + features.T @ target_fn(batch).astype(dtype)
 
     def finalize(state):
         stats = np.asarray(state, np.float64)
@@ -263,8 +279,8 @@ def _sharded_step(accumulators: tuple[Accumulator, ...], mesh: Mesh, radius: int
 
     def local_update(states, windows, masks):
         context, targets = document_context(windows[0], radius)
-        return [acc.update(state[0], context, targets, masks[0])[None]
-                for acc, state in zip(accumulators, states)]
+        batch = Batch(windows[0], context, targets, masks[0])
+        return [acc.update(state[0], batch)[None] for acc, state in zip(accumulators, states)]
 
     return jax.jit(jax.shard_map(local_update, mesh=mesh,
                                  in_specs=(PartitionSpec(_DEVICE_AXIS),) * 3,

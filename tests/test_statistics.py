@@ -125,11 +125,11 @@ def test_feature_target_accumulator_matches_numpy(seed, chunk, devices, dense_ta
     stream = random_stream(seed, 400, vocab_size)
     table = np.random.default_rng(seed).random((vocab_size, 6)).astype(np.float32)
 
-    def features(context):                      # a non-negative map of the whole window
-        return jnp.asarray(table)[context].sum(axis=1)
+    def features(batch):                        # a non-negative map of the whole context
+        return jnp.asarray(table)[batch.context[:, :radius]].sum(axis=1)
 
     target_table = np.random.default_rng(seed + 1).dirichlet(np.ones(4), vocab_size).astype(np.float32)
-    target_fn = (lambda t: jnp.asarray(target_table)[t]) if dense_target else None
+    target_fn = (lambda b: jnp.asarray(target_table)[b.targets]) if dense_target else None
     acc = feature_target(features, 6, 4 if dense_target else vocab_size, radius, target_fn)
     F = accumulate(stream, {"f": acc}, chunk_size=chunk, mesh=local_mesh(devices), progress=None)["f"]
     contexts = reference_contexts(stream, radius)
@@ -141,7 +141,7 @@ def test_feature_target_accumulator_matches_numpy(seed, chunk, devices, dense_ta
 
 def test_negative_features_are_rejected():
     stream = random_stream(0, 50, 10)
-    acc = feature_target(lambda c: -jnp.ones((c.shape[0], 2)), 2, 10, 1)
+    acc = feature_target(lambda b: -jnp.ones((b.targets.shape[0], 2)), 2, 10, 1)
     with pytest.raises(SaffuError, match="non-negative"):
         accumulate(stream, {"f": acc}, progress=None)
 

@@ -1,0 +1,64 @@
+"""Fixed-shape windows of a token stream for the sequence models (training and evaluation).
+
+A window is ``R`` tokens of context followed by ``T`` targets, ``int32[R + T]``; positions
+before the stream start are ``<pad>``, targets past the end are masked. Every shape is fixed,
+so jitted steps compile once.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm.auto import tqdm
+
+from saffu.tokenizer import PAD_ID
+
+
+def window_at(stream: np.ndarray, first_target: int, end: int, context: int, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """The window whose targets start at ``first_target``: ``int32[R + T]`` and ``bool[T]``."""
+    window = np.full(context + seq_len, PAD_ID, np.int32)
+    lo, hi = max(first_target - context, 0), min(first_target + seq_len, end)
+    offset = lo - (first_target - context)
+    window[offset:offset + hi - lo] = stream[lo:hi]
+    mask = np.zeros(seq_len, bool)
+    mask[:max(hi - first_target, 0)] = True
+    return window, mask
+
+
+def range_windows(stream: np.ndarray, begin: int, end: int, context: int, seq_len: int,
+                  batch_size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Batches ``(int32[B, R + T], bool[B, T])`` covering targets ``[begin, end)`` once, in
+    order; the last batch is padded with fully masked rows."""
+    starts = list(range(begin, end, seq_len))
+    for i in range(0, len(starts), batch_size):
+        rows = [window_at(stream, s, end, context, seq_len) for s in starts[i:i + batch_size]]
+        while len(rows) < batch_size:
+            rows.append((np.full(context + seq_len, PAD_ID, np.int32), np.zeros(seq_len, bool)))
+        yield np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows])
+
+
+def total_nll(loss_fn: Callable, stream: np.ndarray, begin: int, end: int, context: int,
+              seq_len: int = 256, batch_size: int = 16, progress: str | None = None) -> tuple[float, int]:
+    """Sum a jitted ``loss_fn(windows, mask) -> (nll_sum, count)`` over targets ``[begin, end)``.
+
+    Returns ``(total NLL in nats, number of targets)``; sums are float64 on the host.
+    """
+    total, count = 0.0, 0
+    num_batches = -(-(-(-(end - begin) // seq_len)) // batch_size)
+    for windows, mask in tqdm(range_windows(stream, begin, end, context, seq_len, batch_size),
+                              total=num_batches, desc=progress, disable=progress is None, leave=False):
+        nll, n = loss_fn(jnp.asarray(windows), jnp.asarray(mask))
+        total += float(nll)
+        count += int(n)
+    return total, count
+
+
+def shuffled_window_starts(num_targets_begin: int, end: int, seq_len: int, key: jax.Array) -> np.ndarray:
+    """Start positions of non-overlapping training windows over targets ``[begin, end)`` in a
+    seeded random order (one epoch)."""
+    starts = np.arange(num_targets_begin, end, seq_len)
+    seed = np.asarray(jax.random.key_data(key)).ravel()
+    return np.random.default_rng(seed).permutation(starts)

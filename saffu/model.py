@@ -1,0 +1,243 @@
+"""The SAFFU block and stacks in flax NNX (formulation §3).
+
+One block, for every position ``p`` of a sequence of ``K``-dim distributions (the cipher codes
+of the tokens for the first block), with ``X ∈ R^{M×K}`` the ``M`` most recent rows
+(``X[0] = x_h`` is the head, rows before the document start are the boundary code):
+
+* attention without projections, per head ``h`` over its own radius ``M_h = max(1, M >> h)``:
+  ``s = X x_h``, ``a = softmax(s W_A^h)``;
+* value ``u_h = aᵀ X`` (``value_form="linear"``) or the log-space value
+  ``u_h = softmax(aᵀ log X)`` (a renormalised geometric mixture, ``value_form="log"``);
+* output, either **direct** over feature groups (``hidden = 0``):
+  ``logits = b + Σ_g g W_g`` with groups the ``positions`` nearest rows ``X[0…P−1]`` and the
+  values ``u_h``; or a **chain** (``hidden = D``): ``z = softmax([u_1 … u_H; x_h] W_1 + b_1)``,
+  ``logits = z W_2 + b_2``.
+
+Blocks stack: block ``l + 1`` reads ``softmax(logits_l) · C`` (the expected cipher code of the
+next token) at every position. The whole stack is causal and runs over all positions of a
+batch of sequences in one jitted call. Parameters are plain arrays in a nested dict
+``{"blocks": {0: {...}, 1: ...}}``: the :class:`Saffu` NNX module holds them as ``nnx.Param``
+and the pure functions here compute with the dict (what the trainer and the explicit solver
+use).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from saffu._io import SaffuError
+from saffu.codes import CipherConfig, bit_cipher_codes, min_bits
+from saffu.tokenizer import EOD_ID, PAD_ID
+
+VALUE_FORMS = ("linear", "log")
+Params = dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class SaffuConfig:
+    """Architecture of a SAFFU stack.
+
+    Attributes:
+      vocab_size: ``V``.
+      bits: cipher bits ``b``; rows are ``K = b + 1``-dim distributions.
+      radius: context rows ``M`` per block (the head included).
+      heads: attention heads; head ``h`` attends over ``max(1, M >> h)`` rows.
+      positions: nearest rows with their own output group (direct output only), ``≤ M``.
+      hidden: ``0`` for the direct output layer, else the hidden width ``D`` of the chain.
+      value_form: ``"linear"`` or ``"log"``.
+      blocks: number of stacked blocks ``L``.
+    """
+
+    vocab_size: int
+    bits: int = 128
+    radius: int = 8
+    heads: int = 1
+    positions: int = 2
+    hidden: int = 0
+    value_form: str = "linear"
+    blocks: int = 1
+
+    def __post_init__(self):
+        if self.bits < min_bits(self.vocab_size):
+            raise SaffuError(f"--bits {self.bits} is too few for {self.vocab_size} tokens; "
+                             f"use at least {min_bits(self.vocab_size)}")
+        if self.radius < 1 or self.heads < 1 or self.blocks < 1 or self.hidden < 0:
+            raise SaffuError("radius, heads and blocks must be ≥ 1 and hidden ≥ 0")
+        if self.hidden == 0 and not 0 <= self.positions <= self.radius:
+            raise SaffuError(f"--positions {self.positions} must be between 0 and the radius {self.radius}")
+        if self.value_form not in VALUE_FORMS:
+            raise SaffuError(f"unknown value form {self.value_form!r}; choose one of {', '.join(VALUE_FORMS)}")
+
+    @property
+    def dim(self) -> int:
+        return self.bits + 1
+
+    def head_radius(self, head: int) -> int:
+        return max(1, self.radius >> head)
+
+    @property
+    def groups(self) -> int:
+        """Output groups of the direct form: ``positions`` rows, then one value per head."""
+        return self.positions + self.heads
+
+    @property
+    def context(self) -> int:
+        """Tokens of left context a prediction can depend on (``L · M``)."""
+        return self.blocks * self.radius
+
+
+@functools.lru_cache(maxsize=8)
+def _codes(vocab_size: int, bits: int) -> np.ndarray:
+    return bit_cipher_codes(vocab_size, CipherConfig(bits=bits)).astype(np.float32)
+
+
+def cipher_table(config: SaffuConfig) -> jax.Array:
+    """Fixed (untrained) cipher codes ``C``, ``float32[V, K]``."""
+    return jnp.asarray(_codes(config.vocab_size, config.bits))
+
+
+def init_params(config: SaffuConfig, key: jax.Array, scale: float = 0.02) -> Params:
+    """Random init (cold start): weights ``N(0, scale²)``, biases 0. Returns the params dict."""
+    K, V = config.dim, config.vocab_size
+    blocks = {}
+    for index, block_key in enumerate(jax.random.split(key, config.blocks)):
+        keys = iter(jax.random.split(block_key, config.heads + 2))
+        block = {f"attention_{h}": scale * jax.random.normal(next(keys), (config.head_radius(h),) * 2)
+                 for h in range(config.heads)}
+        if config.hidden == 0:
+            block["group_weights"] = scale * jax.random.normal(next(keys), (config.groups, K, V))
+        else:
+            D = config.hidden
+            block["hidden_weights"] = scale * jax.random.normal(next(keys), ((config.heads + 1) * K, D))
+            block["hidden_bias"] = jnp.zeros((D,))
+            block["output_weights"] = scale * jax.random.normal(next(keys), (D, V))
+        block["output_bias"] = jnp.zeros((V,))
+        blocks[index] = block
+    return {"blocks": blocks}
+
+
+def same_document(tokens: jax.Array, radius: int) -> jax.Array:
+    """``bool[B, S, M]``: row ``p − δ`` is in position ``p``'s document (and ``p − δ ≥ 0``).
+
+    Position ``p − δ`` is visible from ``p`` iff no ``<eod>`` lies in ``(p − δ, p]``.
+    """
+    boundaries = jnp.cumsum(tokens == EOD_ID, axis=1)                    # [B, S]
+    position = jnp.arange(tokens.shape[1])[:, None] - jnp.arange(radius)[None, :]   # [S, M]
+    safe = jnp.maximum(position, 0)
+    visible = boundaries[:, safe] == boundaries[:, :, None]
+    return visible & (position >= 0)[None]
+
+
+def _add_last(x: jax.Array, bias: jax.Array) -> jax.Array:
+    """``x + bias`` along the last axis, with explicit rank (rank promotion is an error here)."""
+    return x + bias.reshape((1,) * (x.ndim - 1) + bias.shape)
+
+
+def block_windows(sequence: jax.Array, visible: jax.Array, pad_row: jax.Array) -> jax.Array:
+    """``X[b, p, δ] = sequence[b, p − δ]`` where visible, else the boundary row; ``[B, S, M, K]``."""
+    position = jnp.maximum(jnp.arange(sequence.shape[1])[:, None] - jnp.arange(visible.shape[2])[None, :], 0)
+    rows = sequence[:, position]                                         # [B, S, M, K]
+    return jnp.where(visible[..., None], rows, pad_row.reshape((1,) * (rows.ndim - 1) + pad_row.shape))
+
+
+def attention_values(block: Params, config: SaffuConfig, X: jax.Array) -> list[jax.Array]:
+    """Per head, the attended value ``u_h`` of every position, each ``[..., K]``."""
+    head_row = X[..., 0, :]
+    values = []
+    for h in range(config.heads):
+        Xh = X[..., :config.head_radius(h), :]
+        similarity = jnp.einsum("...mk,...k->...m", Xh, head_row)
+        attention = jax.nn.softmax(similarity @ block[f"attention_{h}"], axis=-1)
+        if config.value_form == "linear":
+            values.append(jnp.einsum("...m,...mk->...k", attention, Xh))
+        else:
+            values.append(jax.nn.softmax(jnp.einsum("...m,...mk->...k", attention, jnp.log(Xh + 1e-6)), axis=-1))
+    return values
+
+
+def output_groups(config: SaffuConfig, X: jax.Array, values: list[jax.Array]) -> jax.Array:
+    """Direct-form feature groups ``[..., G, K]``: the ``positions`` nearest rows, then values."""
+    return jnp.concatenate([X[..., :config.positions, :], jnp.stack(values, axis=-2)], axis=-2)
+
+
+def hidden_features(config: SaffuConfig, X: jax.Array, values: list[jax.Array]) -> jax.Array:
+    """Chain-form hidden-layer input ``[u_1 … u_H; x_h]``, ``[..., (H + 1)·K]``."""
+    return jnp.concatenate(values + [X[..., 0, :]], axis=-1)
+
+
+def block_logits(block: Params, config: SaffuConfig, X: jax.Array) -> jax.Array:
+    """One block on windows ``X [..., M, K]`` -> next-token logits ``[..., V]``."""
+    values = attention_values(block, config, X)
+    if config.hidden == 0:
+        groups = output_groups(config, X, values)
+        flat = groups.reshape(groups.shape[:-2] + (-1,))
+        weights = block["group_weights"].reshape(-1, config.vocab_size)
+        return _add_last(flat @ weights, block["output_bias"])
+    z = jax.nn.softmax(_add_last(hidden_features(config, X, values) @ block["hidden_weights"], block["hidden_bias"]),
+                       axis=-1)
+    return _add_last(z @ block["output_weights"], block["output_bias"])
+
+
+def block_inputs(params: Params, config: SaffuConfig, tokens: jax.Array, upto: int) -> tuple[jax.Array, jax.Array]:
+    """The sequence block ``upto`` reads, ``[B, S, K]``, and the visibility mask ``[B, S, M]``."""
+    codes = cipher_table(config)
+    sequence = codes[tokens]
+    visible = same_document(tokens, config.radius)
+    for index in range(upto):
+        X = block_windows(sequence, visible, codes[PAD_ID])
+        sequence = jax.nn.softmax(block_logits(params["blocks"][index], config, X), axis=-1) @ codes
+    return sequence, visible
+
+
+def saffu_logits(params: Params, config: SaffuConfig, tokens: jax.Array) -> jax.Array:
+    """Next-token logits at every position: ``tokens int32[B, S]`` -> ``float32[B, S, V]``
+    (position ``p`` predicts token ``p + 1``)."""
+    sequence, visible = block_inputs(params, config, tokens, config.blocks - 1)
+    X = block_windows(sequence, visible, cipher_table(config)[PAD_ID])
+    return block_logits(params["blocks"][config.blocks - 1], config, X)
+
+
+def window_loss(params: Params, config: SaffuConfig, windows: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Summed NLL (nats) and target count of ``windows int32[B, R + T]`` whose first
+    ``R = config.context`` tokens are context only; ``mask bool[B, T]`` marks real targets."""
+    context = config.context
+    logits = saffu_logits(params, config, windows)[:, context - 1:-1]
+    targets = windows[:, context:]
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+    return jnp.sum(nll * mask), jnp.sum(mask)
+
+
+def parameter_count(params: Params) -> int:
+    return int(sum(np.prod(x.shape) for x in jax.tree.leaves(params)))
+
+
+class SaffuBlock(nnx.Module):
+    """One block's parameters as ``nnx.Param`` (names as in :func:`init_params`)."""
+
+    def __init__(self, arrays: Params):
+        for name, value in arrays.items():
+            setattr(self, name, nnx.Param(jnp.asarray(value)))
+
+
+class Saffu(nnx.Module):
+    """A SAFFU stack as a flax NNX module: ``model(tokens [B, S]) -> logits [B, S, V]``."""
+
+    def __init__(self, config: SaffuConfig, *, rngs: nnx.Rngs, params: Params | None = None):
+        self.config = config
+        params = params if params is not None else init_params(config, rngs.params())
+        self.blocks = nnx.List([SaffuBlock(params["blocks"][i]) for i in range(config.blocks)])
+
+    def params(self) -> Params:
+        """The pure parameter dict (same structure as :func:`init_params`)."""
+        return nnx.to_pure_dict(nnx.state(self, nnx.Param))
+
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        return saffu_logits(self.params(), self.config, tokens)

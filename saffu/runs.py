@@ -1,0 +1,123 @@
+"""Run directories, explicit checkpoints, evaluation and sampling for SAFFU models.
+
+A run directory holds ``config.json`` (the model), ``explicit/`` (the explicit solution, if
+fitted), ``checkpoints/`` and ``metrics.jsonl`` (if trained).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+
+from saffu._io import SaffuError, atomic_write_json
+from saffu.batches import total_nll
+from saffu.evaluation import split_metrics
+from saffu.model import Params, SaffuConfig, init_params, saffu_logits, window_loss
+from saffu.prepare import WorkDir
+from saffu.tokenizer import EOD_ID, PAD_ID, decode
+from saffu.training import load_latest_params, retype
+
+
+def save_run_config(run_dir: str | Path, config: SaffuConfig, workdir: WorkDir) -> None:
+    """Write ``config.json``: the model and the work directory it belongs to."""
+    atomic_write_json(Path(run_dir) / "config.json", {"model": dataclasses.asdict(config),
+                                                      "workdir": str(workdir.path.resolve()),
+                                                      "corpus": workdir.meta["corpus"]})
+
+
+def load_run_config(run_dir: str | Path) -> SaffuConfig:
+    path = Path(run_dir) / "config.json"
+    if not path.is_file():
+        raise SaffuError(f"{run_dir} is not a saffu run (no config.json); create it with `saffu fit` "
+                         f"or `saffu train --init random`")
+    try:
+        return SaffuConfig(**json.loads(path.read_text())["model"])
+    except (ValueError, KeyError, TypeError) as err:
+        raise SaffuError(f"{path} is unreadable ({err}); remove the run directory and start again") from None
+
+
+def save_explicit(run_dir: str | Path, params: Params) -> None:
+    """Save explicit parameters to ``run_dir/explicit`` (orbax, replacing an older one)."""
+    path = (Path(run_dir) / "explicit").resolve()
+    with ocp.StandardCheckpointer() as checkpointer:
+        checkpointer.save(path, params, force=True)
+
+
+def load_explicit(run_dir: str | Path, config: SaffuConfig) -> Params:
+    path = (Path(run_dir) / "explicit").resolve()
+    if not path.exists():
+        raise SaffuError(f"{run_dir} has no explicit solution; run `saffu fit --run {run_dir}` first")
+    template = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
+    try:
+        with ocp.StandardCheckpointer() as checkpointer:
+            restored = checkpointer.restore(path)
+    except Exception as err:  # orbax raises several types for damaged checkpoints
+        raise SaffuError(f"cannot read {path} ({type(err).__name__}); run `saffu fit` again") from None
+    return retype(restored, template)
+
+
+def load_params(run_dir: str | Path, config: SaffuConfig, which: str = "latest") -> tuple[Params, str]:
+    """``which="latest"``: the last training checkpoint, else the explicit solution;
+    ``which="explicit"``: the explicit solution. Returns the params and what was loaded."""
+    if which == "latest":
+        template = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
+        latest = load_latest_params(run_dir, template)
+        if latest is not None:
+            return latest[0], f"checkpoint step {latest[1]}"
+    return load_explicit(run_dir, config), "explicit"
+
+
+def evaluate_split(params: Params, config: SaffuConfig, workdir: WorkDir, split: str,
+                   max_tokens: int | None = None, progress: bool = True, prefix: str | None = None) -> dict:
+    """Loss, perplexity, bits per byte and per-word perplexity of ``split`` (all of it unless
+    ``max_tokens``, in which case only loss and perplexity are reported)."""
+    stream = workdir.tokens(split)
+    loss = jax.jit(lambda w, m: window_loss(params, config, w, m))
+    end = len(stream) if not max_tokens else min(len(stream), 1 + max_tokens)
+    nll, count = total_nll(loss, stream, 1, end, config.context,
+                           progress=f"eval {split}" if progress else None)
+    prefix = f"{split}_" if prefix is None else prefix
+    if end == len(stream):
+        return split_metrics(nll, workdir.split_info(split), prefix)
+    return {f"{prefix}loss": nll / count, f"{prefix}ppl": float(np.exp(nll / count))}
+
+
+def generate(params: Params, config: SaffuConfig, tokenizer, key: jax.Array, num_samples: int = 3,
+             max_tokens: int = 60, temperature: float = 1.0, top_k: int = 0) -> list[str]:
+    """Sample documents: each starts after an ``<eod>`` (a document start) and stops at the
+    next ``<eod>`` or after ``max_tokens``. ``top_k = 0`` samples from the full distribution."""
+    if temperature <= 0:
+        raise SaffuError("--temperature must be > 0")
+    R = config.context
+
+    @jax.jit
+    def sample(windows, key):
+        logits = saffu_logits(params, config, windows)[:, -1] / temperature
+        if top_k:
+            threshold = jax.lax.top_k(logits, top_k)[0][:, -1:]
+            logits = jnp.where(logits < threshold, -jnp.inf, logits)
+        logits = logits.at[:, PAD_ID].set(-jnp.inf)
+        return jax.random.categorical(key, logits)
+
+    windows = np.full((num_samples, R + 1), PAD_ID, np.int32)
+    windows[:, -1] = EOD_ID
+    outputs = [[] for _ in range(num_samples)]
+    finished = np.zeros(num_samples, bool)
+    for step_key in jax.random.split(key, max_tokens):
+        tokens = np.asarray(sample(jnp.asarray(windows), step_key))
+        for i, token in enumerate(tokens):
+            if not finished[i]:
+                if token == EOD_ID:
+                    finished[i] = True
+                else:
+                    outputs[i].append(int(token))
+        if finished.all():
+            break
+        windows = np.concatenate([windows[:, 1:], tokens[:, None].astype(np.int32)], axis=1)
+    return [decode(tokenizer, ids) for ids in outputs]

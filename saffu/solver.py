@@ -1,0 +1,229 @@
+"""The compositional explicit solution of a SAFFU stack (formulation §3), stage by stage.
+
+For block ``l`` (blocks are solved in order, each reading the solved blocks below it), with
+``X`` the block's windows and ``y`` the next token, every stage is one streaming pass over the
+counted part of the training split and uses only weights already solved:
+
+1. positional predictors ``F_δ = Σ X[δ]ᵀ e(y)``, ``P_δ = rownorm(F_δ)`` (exact integer counts
+   for the first block, whose rows are cipher codes);
+2. attention ``W_A^h = log rownorm(Σ sᵀ q)`` with ``s = X x_h`` and ``q(m) ∝ exp(X[m]ᵀ log
+   P_m[:, y])`` — each position's responsibility for the true next token;
+3. direct output: ``W_g = log P_g(y | ·) − log p(y)`` per group (the ``positions`` nearest
+   rows reuse ``F_δ``; values ``u_h`` are counted with the solved attention), bias ``log p``;
+   chain output: ``W_1`` from ``Σ [u; x_h]ᵀ c(y)`` (hidden target: the next token's cipher
+   code, so ``D = K``), then ``W_2`` from ``Σ zᵀ e(y)`` with ``z`` computed by the solved ``W_1``;
+4. calibration of one temperature per group (direct) or per layer (chain) on the last
+   ``holdout_tokens`` of the training stream, which no count saw (L-BFGS; the loss is convex in
+   the direct form's temperatures).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import scipy.optimize
+
+from saffu import statistics
+from saffu._io import SaffuError
+from saffu.batches import range_windows
+from saffu.codes import sparse_bit_cipher
+from saffu.explicit import Smoothing, conditional_probabilities, unigram_prior
+from saffu.model import (Params, SaffuConfig, attention_values, block_inputs, block_windows, cipher_table,
+                         hidden_features, init_params, output_groups, window_loss)
+from saffu.prepare import WorkDir
+from saffu.tokenizer import PAD_ID
+
+
+@dataclasses.dataclass(frozen=True)
+class SolverConfig:
+    """Options of the explicit solver.
+
+    Attributes:
+      smoothing: smoothing of every conditional distribution (Dirichlet around the prior).
+      holdout_tokens: training-stream tail kept out of the counts, used to calibrate
+        temperatures (0: no calibration, all temperatures 1).
+      chunk_size: targets per device per accumulator step.
+      calibration_iterations: L-BFGS iterations per block.
+    """
+
+    smoothing: Smoothing = Smoothing()
+    holdout_tokens: int = 16_384
+    chunk_size: int = 1 << 12
+    calibration_iterations: int = 15
+
+
+def _llr(cooccurrence: np.ndarray, smoothing: Smoothing, prior: np.ndarray) -> np.ndarray:
+    """``log P(y | i) − log p(y)``, ``float32[N, V]``."""
+    return np.log(conditional_probabilities(cooccurrence, smoothing, prior) / prior[None, :]).astype(np.float32)
+
+
+def _block_windows_for_targets(solved: Params, config: SaffuConfig, block: int, batch: statistics.Batch) -> jax.Array:
+    """Block ``block``'s windows ``X [C, M, K]`` for the targets of an accumulator batch."""
+    context = batch.window.shape[0] - batch.targets.shape[0]
+    sequence, visible = block_inputs(solved, config, batch.window[None], block)
+    X = block_windows(sequence, visible, cipher_table(config)[PAD_ID])[0]
+    return X[context - 1:-1]
+
+
+def solve_explicit(workdir: WorkDir, config: SaffuConfig, solver: SolverConfig = SolverConfig(),
+                   mesh=None, progress: bool = True) -> tuple[Params, dict[str, Any]]:
+    """Explicit parameters of ``config`` from the training split of ``workdir``.
+
+    Returns the params dict (exactly the structure of :func:`saffu.model.init_params`) and a
+    report with the seconds of every stage, the calibrated temperatures and the holdout loss.
+    """
+    if config.vocab_size != workdir.vocab_size:
+        raise SaffuError(f"model vocabulary {config.vocab_size} differs from the work directory's "
+                         f"{workdir.vocab_size}; use --vocab-size {workdir.vocab_size}")
+    if config.hidden not in (0, config.dim):
+        raise SaffuError(f"the explicit chain's hidden target is the next token's cipher code, so it "
+                         f"needs --hidden {config.dim} (K = bits + 1); got {config.hidden}")
+    start = time.perf_counter()
+    stream = workdir.tokens(workdir.train_split)
+    holdout = min(solver.holdout_tokens, len(stream) // 10)
+    counted_end = len(stream) - holdout
+    V, K, M = config.vocab_size, config.dim, config.radius
+    codes = np.asarray(cipher_table(config))
+    template = init_params(config, jax.random.key(0))
+    solved: Params = {"blocks": {}}
+    report: dict[str, Any] = {"counted_tokens": counted_end - 1, "holdout_tokens": holdout}
+
+    def run(accumulators, label):
+        tick = time.perf_counter()
+        out = statistics.accumulate(stream, accumulators, end=counted_end, chunk_size=solver.chunk_size,
+                                    mesh=mesh, progress=label if progress else None)
+        report[f"seconds_{label}"] = time.perf_counter() - tick
+        return out
+
+    for index in range(config.blocks):
+        tag = f"block{index}"
+        windows_fn = lambda batch, index=index: _block_windows_for_targets(solved, config, index, batch)
+        # Stage 1: positional predictors (and the unigram prior).
+        if index == 0:
+            stats = run({"unigram": statistics.unigram_counts(V),
+                         "offsets": statistics.offset_cooccurrence(sparse_bit_cipher(V, config.bits), V, M)},
+                        f"{tag}_positional")
+            prior = unigram_prior(stats["unigram"])
+            offsets = stats["offsets"]                                          # [M, K, V]
+        else:
+            acc = statistics.feature_target(lambda b: windows_fn(b).reshape(b.targets.shape[0], M * K),
+                                            M * K, V, config.context)
+            offsets = run({"offsets": acc}, f"{tag}_positional")["offsets"].reshape(M, K, V)
+        log_positional = np.stack([np.log(conditional_probabilities(offsets[d], solver.smoothing, prior))
+                                   for d in range(M)]).astype(np.float32)          # [M, K, V]
+        # target-major copy: a target's M·K entries are one contiguous row for the gather
+        log_positional_by_target = np.ascontiguousarray(log_positional.transpose(2, 0, 1))  # [V, M, K]
+
+        # Stage 2: attention, every head in one pass.
+        def responsibilities(batch, radius):
+            X = windows_fn(batch)[:, :radius]                                   # [C, m, K]
+            picked = jnp.asarray(log_positional_by_target)[batch.targets, :radius]   # [C, m, K]
+            return jax.nn.softmax(jnp.einsum("cmk,cmk->cm", X, picked), axis=-1)
+
+        def similarity(batch, radius):
+            X = windows_fn(batch)
+            return jnp.einsum("cmk,ck->cm", X[:, :radius], X[:, 0])
+
+        heads = {}
+        for h in range(config.heads):
+            r = config.head_radius(h)
+            heads[f"attention_{h}"] = statistics.feature_target(
+                lambda b, r=r: similarity(b, r), r, r, config.context, target_fn=lambda b, r=r: responsibilities(b, r))
+        attention_stats = run(heads, f"{tag}_attention")
+        block = {name: np.log(conditional_probabilities(attention_stats[name], Smoothing("additive", alpha=1e-3)))
+                 .astype(np.float32) for name in heads}
+
+        def values_fn(batch):
+            X = windows_fn(batch)
+            return X, attention_values({k: jnp.asarray(v) for k, v in block.items()}, config, X)
+
+        # Stage 3: output layer(s).
+        if config.hidden == 0:
+            value_accs = {f"value_{h}": statistics.feature_target(lambda b, h=h: values_fn(b)[1][h], K, V, config.context)
+                          for h in range(config.heads)}
+            value_stats = run(value_accs, f"{tag}_values")
+            group_stats = [offsets[d] for d in range(config.positions)] + [value_stats[f"value_{h}"]
+                                                                            for h in range(config.heads)]
+            block["group_weights"] = np.stack([_llr(F, solver.smoothing, prior) for F in group_stats])
+        else:
+            code_prior = prior @ codes.astype(np.float64)      # expected code of the next token
+            code_prior = code_prior / code_prior.sum()
+            hidden_acc = statistics.feature_target(lambda b: hidden_features(config, *values_fn(b)),
+                                                   (config.heads + 1) * K, K, config.context,
+                                                   target_fn=lambda b: jnp.asarray(codes)[b.targets])
+            F1 = run({"hidden": hidden_acc}, f"{tag}_hidden")["hidden"].reshape(config.heads + 1, K, K)
+            block["hidden_weights"] = np.concatenate([_llr(F, solver.smoothing, code_prior) for F in F1])
+            block["hidden_bias"] = np.log(code_prior).astype(np.float32)
+
+            def z_fn(batch):
+                X, values = values_fn(batch)
+                hidden = hidden_features(config, X, values) @ jnp.asarray(block["hidden_weights"])
+                return jax.nn.softmax(hidden + jnp.asarray(block["hidden_bias"])[None, :], axis=-1)
+
+            F2 = run({"output": statistics.feature_target(z_fn, K, V, config.context)}, f"{tag}_output")["output"]
+            block["output_weights"] = _llr(F2, solver.smoothing, prior)
+        block["output_bias"] = np.log(prior).astype(np.float32)
+        block = {name: jnp.asarray(value) for name, value in block.items()}
+
+        # Stage 4: temperatures on the holdout.
+        tick = time.perf_counter()
+        temperatures, holdout_loss = _calibrate(solved, block, index, config, stream, counted_end,
+                                                solver) if holdout else (None, float("nan"))
+        solved["blocks"][index] = _scaled(block, config, temperatures)
+        report[f"seconds_{tag}_calibration"] = time.perf_counter() - tick
+        report[f"{tag}_holdout_loss"] = holdout_loss
+        if temperatures is not None:
+            for i, t in enumerate(np.asarray(temperatures)):
+                report[f"{tag}_temperature_{i}"] = float(t)
+    report["seconds"] = time.perf_counter() - start
+    _check_structure(solved, template)
+    return solved, report
+
+
+def _scaled(block: Params, config: SaffuConfig, temperatures) -> Params:
+    """Fold temperatures into the weights (biases untouched): per group, or per layer."""
+    if temperatures is None:
+        return dict(block)
+    out = dict(block)
+    if config.hidden == 0:
+        out["group_weights"] = block["group_weights"] * temperatures[:, None, None]
+    else:
+        out["hidden_weights"] = block["hidden_weights"] * temperatures[0]
+        out["output_weights"] = block["output_weights"] * temperatures[1]
+    return out
+
+
+def _calibrate(solved, block, index, config, stream, counted_end, solver):
+    """Minimise the holdout NLL of the stack truncated at block ``index`` over its temperatures."""
+    truncated = dataclasses.replace(config, blocks=index + 1)
+    batches = list(range_windows(stream, counted_end, len(stream), truncated.context, 256, 8))
+    windows = jnp.asarray(np.stack([w for w, _ in batches]))                 # [n, 8, R + 256]
+    masks = jnp.asarray(np.stack([m for _, m in batches]))
+    count = float(masks.sum())
+
+    @jax.jit
+    def loss_and_grad(temperatures):
+        def loss(t):
+            params = {"blocks": {**solved["blocks"], index: _scaled(block, config, t)}}
+            step = lambda total, batch: (total + window_loss(params, truncated, *batch)[0], None)
+            return jax.lax.scan(step, jnp.zeros(()), (windows, masks))[0] / count
+        return jax.value_and_grad(loss)(temperatures)
+
+    size = config.groups if config.hidden == 0 else 2
+    fun = lambda t: tuple(np.asarray(x, np.float64) for x in loss_and_grad(jnp.asarray(t, jnp.float32)))
+    result = scipy.optimize.minimize(fun, np.ones(size), jac=True, method="L-BFGS-B",
+                                     bounds=[(0.0, 5.0)] * size,
+                                     options={"maxiter": solver.calibration_iterations})
+    return jnp.asarray(result.x, jnp.float32), float(result.fun)
+
+
+def _check_structure(solved: Params, template: Params) -> None:
+    same = jax.tree.structure(solved) == jax.tree.structure(template) and all(
+        a.shape == b.shape for a, b in zip(jax.tree.leaves(solved), jax.tree.leaves(template)))
+    if not same:  # a bug, not a user error
+        raise AssertionError("explicit parameters do not match the model's structure")

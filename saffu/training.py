@@ -1,0 +1,252 @@
+"""One trainer for warm start (explicit init) and cold start (random init), with optax.
+
+AdamW with linear warm-up + cosine decay, global-norm clipping, fixed-shape batches of
+windows (``int32[B, R + T]``), one jitted step, periodic dev evaluation, orbax checkpoints
+and exact resume: the batch of step ``i`` is a pure function of ``(seed, i)`` and the
+checkpoint holds the step, the parameters and the optimizer state, so a resumed run continues
+with the same data, RNG and optimizer state as an uninterrupted one. ``init`` is the only
+difference between warm and cold start.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+from tqdm.auto import tqdm
+
+from saffu._io import SaffuError
+from saffu.batches import shuffled_window_starts, window_at
+from saffu.model import Params, SaffuConfig, window_loss
+
+INITS = ("explicit", "random")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Backprop options.
+
+    Attributes:
+      steps: optimizer steps; 0 means one epoch over the training split.
+      batch_size: windows per step; each window has ``seq_len`` targets.
+      seq_len: targets per window (plus the model's context of ``L·M`` tokens).
+      learning_rate: peak of the warm-up + cosine schedule.
+      warmup_steps: linear warm-up length (capped at half the run).
+      weight_decay: AdamW decoupled weight decay.
+      clip_norm: global gradient-norm clip.
+      adam_eps: Adam's epsilon.
+      eval_every: steps between dev evaluations (also at the end).
+      eval_windows: dev windows (evenly spaced over the split) in periodic evaluations.
+      checkpoint_every: steps between checkpoints (also at the end).
+      seed: seed of the data order (and of the random init).
+      freeze: parameter names (e.g. ``attention_0``) frozen until ``thaw_step``.
+      thaw_step: step at which frozen parameters start training.
+    """
+
+    steps: int = 0
+    batch_size: int = 16
+    seq_len: int = 256
+    learning_rate: float = 3e-3
+    warmup_steps: int = 50
+    weight_decay: float = 0.0
+    clip_norm: float = 1.0
+    adam_eps: float = 1e-8
+    eval_every: int = 100
+    eval_windows: int = 256
+    checkpoint_every: int = 200
+    seed: int = 0
+    freeze: tuple[str, ...] = ()
+    thaw_step: int = 0
+
+
+def make_optimizer(config: TrainConfig, steps: int) -> optax.GradientTransformation:
+    warmup = min(config.warmup_steps, steps // 2)
+    schedule = optax.warmup_cosine_decay_schedule(0.0, config.learning_rate, warmup, max(steps, warmup + 1))
+    return optax.chain(optax.clip_by_global_norm(config.clip_norm),
+                       optax.adamw(schedule, eps=config.adam_eps, weight_decay=config.weight_decay))
+
+
+def steps_per_epoch(num_targets: int, config: TrainConfig) -> int:
+    return max(num_targets // (config.seq_len * config.batch_size), 1)
+
+
+class BatchSchedule:
+    """The batch of every step as a pure function of ``(seed, step)``: windows in a seeded
+    shuffled order per epoch, so resuming at step ``i`` sees exactly the data it would have."""
+
+    def __init__(self, stream: np.ndarray, model: SaffuConfig, config: TrainConfig):
+        self.stream, self.model, self.config = stream, model, config
+        self.per_epoch = steps_per_epoch(len(stream) - 1, config)
+        self._key = jax.random.fold_in(jax.random.key(config.seed), 1)  # data stream of the seed
+        self._epoch, self._starts = -1, None
+
+    def __call__(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        epoch, index = divmod(step, self.per_epoch)
+        if epoch != self._epoch:
+            self._epoch = epoch
+            self._starts = shuffled_window_starts(1, len(self.stream), self.config.seq_len,
+                                                  jax.random.fold_in(self._key, epoch))
+        starts = self._starts[index * self.config.batch_size:(index + 1) * self.config.batch_size]
+        rows = [window_at(self.stream, int(s), len(self.stream), self.model.context, self.config.seq_len)
+                for s in starts]
+        return np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows])
+
+
+def evenly_spaced_windows(stream: np.ndarray, model: SaffuConfig, seq_len: int, count: int):
+    """``count`` non-overlapping windows spread evenly over the whole stream (a dev subset
+    that samples every file, not only the first)."""
+    last = max(len(stream) - seq_len, 1)
+    starts = np.unique(np.linspace(1, last, min(count, max(last // seq_len, 1))).astype(int))
+    rows = [window_at(stream, int(s), len(stream), model.context, seq_len) for s in starts]
+    return jnp.asarray(np.stack([r[0] for r in rows])), jnp.asarray(np.stack([r[1] for r in rows]))
+
+
+def _checkpoint_manager(directory: Path) -> ocp.CheckpointManager:
+    return ocp.CheckpointManager(directory.resolve(), options=ocp.CheckpointManagerOptions(
+        max_to_keep=2, create=True, enable_async_checkpointing=False))
+
+
+def train(model: SaffuConfig, params: Params, train_stream: np.ndarray, config: TrainConfig,
+          run_dir: str | Path, dev_stream: np.ndarray | None = None,
+          on_eval: Callable[[dict], None] | None = None, progress: bool = True) -> tuple[Params, list[dict]]:
+    """Train ``params`` (explicit or random init) and checkpoint into ``run_dir/checkpoints``.
+
+    If ``run_dir`` already holds checkpoints of this run, training resumes from the latest
+    one. Each evaluation appends one JSON line to ``run_dir/metrics.jsonl`` with ``step``,
+    ``tokens``, ``seconds`` (training time, evaluation excluded), ``tokens_per_s``,
+    ``train_loss`` and ``dev_loss`` (nats/token on the evenly spaced dev windows).
+
+    Returns the final parameters and the evaluation history of this call.
+    """
+    run_dir = Path(run_dir)
+    steps = config.steps or steps_per_epoch(len(train_stream) - 1, config)
+    optimizer = make_optimizer(config, steps)
+    schedule = BatchSchedule(train_stream, model, config)
+    frozen = set(config.freeze)
+
+    def loss_fn(p, windows, mask):
+        nll, count = window_loss(p, model, windows, mask)
+        return nll / jnp.maximum(count, 1)
+
+    @jax.jit
+    def train_step(p, opt_state, step, windows, mask):
+        loss, grads = jax.value_and_grad(loss_fn)(p, windows, mask)
+        updates, opt_state = optimizer.update(grads, opt_state, p)
+        if frozen:
+            keep = step >= config.thaw_step
+            updates = jax.tree_util.tree_map_with_path(
+                lambda path, u: jnp.where(keep, u, 0.0) if path[-1].key in frozen else u, updates)
+        return optax.apply_updates(p, updates), opt_state, loss
+
+    eval_batch = None if dev_stream is None else evenly_spaced_windows(dev_stream, model, config.seq_len,
+                                                                       config.eval_windows)
+    dev_loss_fn = jax.jit(lambda p, w, m: window_loss(p, model, w, m))
+
+    def dev_loss(p):
+        nll, count = dev_loss_fn(p, *eval_batch)
+        return float(nll) / float(count)
+
+    state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": optimizer.init(params)}
+    manager = _checkpoint_manager(run_dir / "checkpoints")
+    metrics_path = run_dir / "metrics.jsonl"
+    seconds = 0.0
+    if manager.latest_step() is not None:
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
+        try:
+            state = manager.restore(manager.latest_step(), args=ocp.args.StandardRestore(abstract))
+        except Exception as err:  # orbax raises several types for unreadable / mismatched trees
+            raise SaffuError(f"cannot resume from {run_dir / 'checkpoints'} ({type(err).__name__}); it is "
+                             f"from another model or damaged: use a new --run directory") from None
+        lines = metrics_path.read_text().splitlines() if metrics_path.exists() else []
+        kept = [line for line in lines if json.loads(line)["step"] <= int(state["step"])]
+        metrics_path.write_text("".join(line + "\n" for line in kept))
+        seconds = json.loads(kept[-1])["seconds"] if kept else 0.0
+    params, opt_state, start = state["params"], state["opt_state"], int(state["step"])
+
+    history: list[dict] = []
+
+    def evaluate(step, recent):
+        if eval_batch is None:
+            return
+        record = {"step": step, "tokens": step * config.batch_size * config.seq_len, "seconds": seconds,
+                  "tokens_per_s": (step - start) * config.batch_size * config.seq_len / max(seconds, 1e-9)
+                  if step > start else math.nan,
+                  "train_loss": float(np.mean(recent)) if recent else math.nan, "dev_loss": dev_loss(params)}
+        history.append(record)
+        with open(metrics_path, "a") as handle:
+            handle.write(json.dumps(record) + "\n")
+        if on_eval:
+            on_eval(record)
+
+    if start == 0:
+        evaluate(0, [])
+    recent: list[float] = []
+    for step in tqdm(range(start, steps), initial=start, total=steps, desc="train", disable=not progress,
+                     leave=False):
+        windows, mask = schedule(step)
+        tick = time.perf_counter()
+        params, opt_state, loss = train_step(params, opt_state, jnp.asarray(step), jnp.asarray(windows),
+                                             jnp.asarray(mask))
+        loss = float(loss)  # synchronises, so the timing is honest
+        seconds += time.perf_counter() - tick
+        if not math.isfinite(loss):
+            raise FloatingPointError(f"non-finite training loss at step {step + 1}; lower --learning-rate")
+        recent.append(loss)
+        done = step + 1
+        if done % config.eval_every == 0 or done == steps:
+            evaluate(done, recent)
+            recent = []
+        if done % config.checkpoint_every == 0 or done == steps:
+            manager.save(done, args=ocp.args.StandardSave(
+                {"step": jnp.asarray(done, jnp.int32), "params": params, "opt_state": opt_state}))
+    manager.wait_until_finished()
+    manager.close()
+    return params, history
+
+
+def load_latest_params(run_dir: str | Path, template: Params) -> tuple[Params, int] | None:
+    """The parameters of the latest training checkpoint in ``run_dir`` and its step, or None."""
+    directory = Path(run_dir) / "checkpoints"
+    if not directory.exists():
+        return None
+    manager = _checkpoint_manager(directory)
+    step = manager.latest_step()
+    if step is None:
+        return None
+    try:
+        state = manager.restore(step, args=ocp.args.StandardRestore())
+        return retype(state["params"], template), step
+    except Exception as err:  # orbax raises several types for unreadable / mismatched trees
+        raise SaffuError(f"cannot read the checkpoint of step {step} in {directory} ({type(err).__name__}: "
+                         f"{str(err).splitlines()[0][:120]}); it is damaged or from another model") from None
+    finally:
+        manager.close()
+
+
+def retype(restored: Any, template: Params) -> Params:
+    """``restored`` in ``template``'s structure (orbax may turn int keys into strings);
+    a clear error when shapes differ (a checkpoint of another model)."""
+    if isinstance(template, dict):
+        if not isinstance(restored, dict):
+            raise SaffuError("checkpoint structure differs from the model's; it is from another model")
+        out = {}
+        for key, value in template.items():
+            found = restored.get(key, restored.get(str(key)))
+            if found is None:
+                raise SaffuError(f"checkpoint lacks parameter {key!r}; it is from another model")
+            out[key] = retype(found, value)
+        return out
+    array = jnp.asarray(restored)
+    if array.shape != np.shape(template):
+        raise SaffuError(f"checkpoint parameter has shape {array.shape}, the model needs {np.shape(template)}; "
+                         f"it is from another model")
+    return array

@@ -1,0 +1,95 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from saffu import SaffuError
+from saffu.model import Saffu, SaffuConfig, init_params, saffu_logits, window_loss
+from saffu.tokenizer import EOD_ID, PAD_ID
+
+CONFIGS = [
+    SaffuConfig(vocab_size=40, bits=8, radius=4, heads=2, positions=2),
+    SaffuConfig(vocab_size=40, bits=8, radius=3, heads=1, positions=0, value_form="log"),
+    SaffuConfig(vocab_size=40, bits=8, radius=4, heads=2, hidden=9),
+    SaffuConfig(vocab_size=40, bits=8, radius=2, heads=1, positions=1, blocks=2),
+]
+
+
+def _softmax(z):
+    z = z - z.max(axis=-1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def reference_logits(params, config, tokens):
+    """Float64 numpy forward of one sequence, position by position (formulation §3)."""
+    from saffu.model import cipher_table
+    codes = np.asarray(cipher_table(config), np.float64)
+    P = jax.tree.map(lambda x: np.asarray(x, np.float64), params)
+    sequence = codes[tokens]
+    S, M, K = len(tokens), config.radius, config.dim
+    for index in range(config.blocks):
+        block = P["blocks"][index]
+        logits = np.zeros((S, config.vocab_size))
+        for p in range(S):
+            X = np.tile(codes[PAD_ID], (M, 1))
+            for d in range(M):
+                j = p - d
+                if j < 0 or (tokens[j + 1:p + 1] == EOD_ID).any():
+                    break
+                X[d] = sequence[j]
+            values = []
+            for h in range(config.heads):
+                Xh = X[:config.head_radius(h)]
+                a = _softmax((Xh @ X[0]) @ block[f"attention_{h}"])
+                if config.value_form == "linear":
+                    values.append(a @ Xh)
+                else:
+                    values.append(_softmax(a @ np.log(Xh + 1e-6)))
+            if config.hidden == 0:
+                groups = list(X[:config.positions]) + values
+                logits[p] = block["output_bias"] + sum(g @ W for g, W in zip(groups, block["group_weights"]))
+            else:
+                z = _softmax(np.concatenate(values + [X[0]]) @ block["hidden_weights"] + block["hidden_bias"])
+                logits[p] = z @ block["output_weights"] + block["output_bias"]
+        sequence = _softmax(logits) @ codes
+    return logits
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"M{c.radius}H{c.heads}D{c.hidden}{c.value_form}L{c.blocks}")
+def test_forward_matches_float64_reference(config):
+    params = init_params(config, jax.random.key(3), scale=0.5)
+    tokens = np.array([EOD_ID, 5, 9, 9, 12, EOD_ID, 7, 3, 30, 2, 5, EOD_ID, 8], np.int32)
+    got = np.asarray(saffu_logits(params, config, jnp.asarray(tokens)[None]))[0]
+    np.testing.assert_allclose(got, reference_logits(params, config, tokens), rtol=2e-5, atol=2e-5)  # float32
+
+
+def test_nnx_module_and_pure_function_agree():
+    config = CONFIGS[0]
+    model = Saffu(config, rngs=nnx.Rngs(0))
+    tokens = jnp.asarray([[EOD_ID, 4, 5, 6, EOD_ID, 7]])
+    np.testing.assert_array_equal(model(tokens), saffu_logits(model.params(), config, tokens))
+    assert jax.tree.structure(model.params()) == jax.tree.structure(init_params(config, jax.random.key(0)))
+
+
+def test_window_loss_masks_targets():
+    config = CONFIGS[0]
+    params = init_params(config, jax.random.key(0))
+    windows = jnp.asarray(np.random.default_rng(0).integers(1, 40, (2, config.context + 5)), jnp.int32)
+    mask = jnp.asarray([[True] * 5, [True, True, False, False, False]])
+    nll, count = window_loss(params, config, windows, mask)
+    assert int(count) == 7 and np.isfinite(float(nll))
+    logits = saffu_logits(params, config, windows)[:, config.context - 1:-1]
+    log_probs = jax.nn.log_softmax(logits)
+    picked = -jnp.take_along_axis(log_probs, windows[:, config.context:, None], -1)[..., 0]
+    assert float(nll) == pytest.approx(float(jnp.sum(picked * mask)), rel=1e-6)
+
+
+def test_invalid_configs_are_clear_errors():
+    with pytest.raises(SaffuError, match="--bits"):
+        SaffuConfig(vocab_size=8192, bits=12)
+    with pytest.raises(SaffuError, match="--positions"):
+        SaffuConfig(vocab_size=40, bits=8, radius=2, positions=3)
+    with pytest.raises(SaffuError, match="value form"):
+        SaffuConfig(vocab_size=40, bits=8, value_form="exp")

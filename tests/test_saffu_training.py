@@ -1,0 +1,100 @@
+import json
+import shutil
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from saffu.cli import main
+from saffu.model import Saffu, SaffuConfig, init_params
+from saffu.runs import evaluate_split, generate, load_explicit, load_params, save_explicit, save_run_config
+from saffu.solver import SolverConfig, solve_explicit
+from saffu.training import TrainConfig, train
+
+
+def tiny_config(workdir, **overrides):
+    return SaffuConfig(vocab_size=workdir.vocab_size, bits=16, radius=4, **overrides)
+
+
+@pytest.mark.parametrize("overrides", [dict(heads=2, positions=2), dict(hidden=17), dict(blocks=2, positions=1)],
+                         ids=["direct", "chain", "stacked"])
+def test_explicit_parameters_have_the_model_structure(tiny_workdir, overrides):
+    config = tiny_config(tiny_workdir, **overrides)
+    params, report = solve_explicit(tiny_workdir, config, SolverConfig(holdout_tokens=200), progress=False)
+    abstract = jax.eval_shape(lambda: Saffu(config, rngs=nnx.Rngs(0)).params())
+    assert jax.tree.structure(params) == jax.tree.structure(abstract)
+    assert all(a.shape == b.shape and a.dtype == b.dtype
+               for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(abstract)))
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(params))
+    assert report["seconds"] > 0 and np.isfinite(report[f"block{config.blocks - 1}_holdout_loss"])
+
+
+def test_explicit_then_warm_steps_then_eval_and_generate(tiny_workdir, tmp_path):
+    config = tiny_config(tiny_workdir)
+    params, _ = solve_explicit(tiny_workdir, config, SolverConfig(holdout_tokens=200), progress=False)
+    explicit = evaluate_split(params, config, tiny_workdir, "dev", progress=False)
+    unigram = -np.log((tiny_workdir.token_counts() + 1) / (tiny_workdir.token_counts().sum() + config.vocab_size))
+    assert explicit["dev_loss"] < unigram.mean()                       # far better than uniform-ish
+    trained, history = train(config, params, tiny_workdir.tokens("train_10M"),
+                             TrainConfig(steps=2, batch_size=4, seq_len=32, eval_every=1, learning_rate=1e-3),
+                             tmp_path / "run", dev_stream=tiny_workdir.tokens("dev"), progress=False)
+    assert [h["step"] for h in history] == [0, 1, 2]
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [0, 1, 2]
+    warm = evaluate_split(trained, config, tiny_workdir, "dev", progress=False)
+    assert np.isfinite(warm["dev_bpb"])
+    texts = generate(trained, config, tiny_workdir.tokenizer(), jax.random.key(0), num_samples=2, max_tokens=20)
+    assert len(texts) == 2 and all("\n" not in t for t in texts)
+
+
+def test_checkpoint_round_trip_and_exact_resume(tiny_workdir, tmp_path):
+    config = tiny_config(tiny_workdir)
+    params = init_params(config, jax.random.key(1))
+    stream = tiny_workdir.tokens("train_10M")
+    settings = TrainConfig(steps=6, batch_size=2, seq_len=16, eval_every=3, checkpoint_every=3, seed=5)
+    straight, _ = train(config, params, stream, settings, tmp_path / "a", progress=False)
+    resumed_dir = tmp_path / "b"
+    train(config, params, stream, settings, resumed_dir, progress=False)
+    shutil.rmtree(resumed_dir / "checkpoints" / "6")                    # as if killed after step 3
+    resumed, history = train(config, params, stream, settings, resumed_dir, progress=False)
+    assert history == []                                                # no dev stream, no evals
+    for a, b in zip(jax.tree.leaves(straight), jax.tree.leaves(resumed)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))     # bit-identical on CPU
+    loaded, which = load_params(resumed_dir, config)
+    assert which == "checkpoint step 6"
+    for a, b in zip(jax.tree.leaves(straight), jax.tree.leaves(loaded)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    save_explicit(tmp_path / "c", params)
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(load_explicit(tmp_path / "c", config))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_frozen_parameters_wait_for_the_thaw_step(tiny_workdir, tmp_path):
+    config = tiny_config(tiny_workdir)
+    params = init_params(config, jax.random.key(2))
+    stream = tiny_workdir.tokens("train_10M")
+    frozen, _ = train(config, params, stream, TrainConfig(steps=2, batch_size=2, seq_len=16, freeze=("attention_0",),
+                                                          thaw_step=5), tmp_path / "f", progress=False)
+    np.testing.assert_array_equal(frozen["blocks"][0]["attention_0"], params["blocks"][0]["attention_0"])
+    assert not np.array_equal(frozen["blocks"][0]["group_weights"], params["blocks"][0]["group_weights"])
+
+
+def test_cli_fit_train_eval_generate(tiny_workdir, tmp_path, capsys):
+    run, work = tmp_path / "run", str(tiny_workdir.path)
+    common = ["--workdir", work, "--run", str(run), "--quiet"]
+    assert main(["fit", *common, "--bits", "16", "--radius", "4", "--holdout-tokens", "200",
+                 "--metrics-json", str(tmp_path / "fit.json")]) == 0
+    fit = json.loads((tmp_path / "fit.json").read_text())
+    assert np.isfinite(fit["dev_bpb"]) and fit["params"] > 0
+    assert main(["train", *common, "--init", "explicit", "--steps", "2", "--batch-size", "2", "--seq-len", "16",
+                 "--metrics-json", str(tmp_path / "train.json")]) == 0
+    assert json.loads((tmp_path / "train.json").read_text())["steps"] == 2
+    assert main(["eval", *common, "--metrics-json", str(tmp_path / "eval.json")]) == 0
+    assert json.loads((tmp_path / "eval.json").read_text())["checkpoint"] == "checkpoint step 2"
+    assert main(["generate", *common, "--num-samples", "2", "--max-tokens", "10",
+                 "--metrics-json", str(tmp_path / "gen.json")]) == 0
+    assert json.loads((tmp_path / "gen.json").read_text())["samples"] == 2
+    capsys.readouterr()
+    assert main(["eval", "--workdir", work, "--run", str(tmp_path / "nothing"), "--quiet"]) == 2
+    assert "no config.json" in capsys.readouterr().err
