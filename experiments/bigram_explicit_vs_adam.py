@@ -21,7 +21,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from saffu import (BigramConfig, CipherConfig, TrainConfig, bigram_nll, fit_explicit_bigram,  # noqa: E402
+from saffu import (BigramConfig, CipherConfig, BigramTrainConfig, bigram_nll, fit_explicit_bigram,  # noqa: E402
                    open_workdir, pair_counts, random_bigram, split_metrics, train_bigram)
 from saffu._io import atomic_write_json, write_metrics  # noqa: E402
 
@@ -54,14 +54,14 @@ def main(argv=None):
     steps = int(args.epochs * (len(train) - 1) // args.batch_size)
     runs = {}
     for seed in range(args.seeds):
-        config = TrainConfig(steps=steps, batch_size=args.batch_size, learning_rate=args.learning_rate,
+        config = BigramTrainConfig(steps=steps, batch_size=args.batch_size, learning_rate=args.learning_rate,
                              eval_every=args.eval_every, seed=seed)
         cold = random_bigram(workdir.vocab_size, cipher, jax.random.key(seed), config.init_scale)
         trained, history = train_bigram(cold, train, config, evaluate=dev_loss)
         runs[f"cold_seed{seed}"] = history
         results[f"cold_seed{seed}"] = {**split_metrics(bigram_nll(trained, dev), info, "dev_"),
                                        "train_seconds": history[-1]["seconds"], "steps": steps}
-    warm_config = TrainConfig(steps=steps, batch_size=args.batch_size, learning_rate=args.warm_learning_rate,
+    warm_config = BigramTrainConfig(steps=steps, batch_size=args.batch_size, learning_rate=args.warm_learning_rate,
                               eval_every=args.eval_every, seed=0)
     trained, history = train_bigram(explicit, train, warm_config, evaluate=dev_loss)
     runs["warm"] = history

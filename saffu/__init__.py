@@ -2,11 +2,12 @@
 
 The pipeline, one module per stage: corpus -> tokenizer -> prepare (token streams) ->
 codes (bit-cipher) -> statistics (streaming accumulators) -> explicit (closed-form weights)
--> bigram (the single-layer model, explicit fit and Adam training) -> evaluation.
+-> model / solver (the SAFFU stack and its stage-by-stage explicit solution; the single-layer
+bigram in ``bigram``) -> training (optax warm or cold start) -> evaluation / runs.
 """
 
 from saffu._io import SaffuError
-from saffu.bigram import (BigramConfig, BigramModel, TrainConfig, bigram_nll, fit_explicit_bigram,
+from saffu.bigram import (BigramConfig, BigramModel, BigramTrainConfig, bigram_nll, fit_explicit_bigram,
                           random_bigram, train_bigram)
 from saffu.codes import (CipherConfig, SparseCodes, bit_cipher_codes, code_background, dense_codes,
                          min_bits, sparse_bit_cipher)
@@ -16,6 +17,10 @@ from saffu.evaluation import language_model_metrics, pair_counts, split_metrics
 from saffu.explicit import (Smoothing, calibrate_temperature, conditional_probabilities,
                             explicit_softmax_weights, unigram_prior)
 from saffu.prepare import PrepareConfig, WorkDir, open_workdir, prepare
+from saffu.model import Saffu, SaffuConfig, init_params, parameter_count, saffu_logits, window_loss
+from saffu.runs import evaluate_split, generate, load_explicit, load_params, save_explicit
+from saffu.solver import SolverConfig, solve_explicit
+from saffu.training import TrainConfig, train
 from saffu.statistics import (Accumulator, Batch, accumulate, accumulate_states, blend_background,
                               document_context, feature_target, local_mesh, merge_states,
                               offset_cooccurrence, unigram_counts)
@@ -23,8 +28,11 @@ from saffu.statistics import (Accumulator, Batch, accumulate, accumulate_states,
 __version__ = "0.1.0"
 
 __all__ = [
+    "Saffu", "SaffuConfig", "SolverConfig", "TrainConfig", "evaluate_split", "generate", "init_params",
+    "load_explicit", "load_params", "parameter_count", "saffu_logits", "save_explicit", "solve_explicit",
+    "train", "window_loss", "BigramTrainConfig",
     "Accumulator", "Batch", "BigramConfig", "BigramModel", "CipherConfig", "Corpus", "PrepareConfig",
-    "SaffuError", "Smoothing", "SparseCodes", "TrainConfig", "WorkDir", "accumulate",
+    "SaffuError", "Smoothing", "SparseCodes", "WorkDir", "accumulate",
     "accumulate_states", "babylm_corpus", "bigram_nll", "bit_cipher_codes", "blend_background",
     "calibrate_temperature", "code_background", "conditional_probabilities", "dense_codes",
     "document_context", "download_babylm", "explicit_softmax_weights", "feature_target",

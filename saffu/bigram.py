@@ -130,7 +130,7 @@ def fit_explicit_bigram(workdir: WorkDir, config: BigramConfig = BigramConfig(),
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainConfig:
+class BigramTrainConfig:
     """Adam training of the bigram layer.
 
     Attributes:
@@ -143,6 +143,7 @@ class TrainConfig:
       eval_every: dev evaluation period in steps (also at the end).
       seed: PRNG seed (init and data order use separate streams).
       init_scale: standard deviation of the random init.
+      adam_eps: Adam's epsilon (larger values damp the steps of rarely-updated weights).
     """
 
     steps: int = 0
@@ -153,6 +154,7 @@ class TrainConfig:
     eval_every: int = 100
     seed: int = 0
     init_scale: float = 0.02
+    adam_eps: float = 1e-8
 
 
 def random_bigram(vocab_size: int, cipher: CipherConfig, key: jax.Array, scale: float) -> BigramModel:
@@ -162,7 +164,7 @@ def random_bigram(vocab_size: int, cipher: CipherConfig, key: jax.Array, scale: 
     return BigramModel(codes, scale * jax.random.normal(key, (cipher.dim, vocab_size), jnp.float32))
 
 
-def train_bigram(model: BigramModel, train_stream: np.ndarray, config: TrainConfig,
+def train_bigram(model: BigramModel, train_stream: np.ndarray, config: BigramTrainConfig,
                  evaluate: Callable[[BigramModel], float] | None = None,
                  progress: bool = True) -> tuple[BigramModel, list[dict]]:
     """Train ``model.weights`` with AdamW (no weight decay) on (head, target) pairs.
@@ -170,7 +172,7 @@ def train_bigram(model: BigramModel, train_stream: np.ndarray, config: TrainConf
     Args:
       model: the starting point (explicit solution or :func:`random_bigram`).
       train_stream: ``int[N]`` training token stream; targets are positions ``1 … N−1``.
-      config: see :class:`TrainConfig`.
+      config: see :class:`BigramTrainConfig`.
       evaluate: ``model -> dev loss`` (nats/token), called every ``eval_every`` steps.
 
     Returns the trained model and the history: one dict per evaluation with ``step``,
@@ -183,7 +185,7 @@ def train_bigram(model: BigramModel, train_stream: np.ndarray, config: TrainConf
     warmup = min(config.warmup_steps, steps // 2)
     schedule = optax.warmup_cosine_decay_schedule(0.0, config.learning_rate, warmup,
                                                   max(steps, warmup + 1))
-    optimizer = optax.chain(optax.clip_by_global_norm(config.clip_norm), optax.adam(schedule))
+    optimizer = optax.chain(optax.clip_by_global_norm(config.clip_norm), optax.adam(schedule, eps=config.adam_eps))
     weights = model.weights
     opt_state = optimizer.init(weights)
     codes = model.codes

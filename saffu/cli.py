@@ -7,8 +7,7 @@ of its figures, and reports bad input as one ``saffu: error: …`` line (exit st
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
+import io
 import sys
 import time
 from pathlib import Path
@@ -106,7 +105,6 @@ def cmd_stats(args) -> dict:
             {"offset_cooccurrence": statistics.offset_cooccurrence(sparse, workdir.vocab_size, args.radius),
              "unigram": statistics.unigram_counts(workdir.vocab_size)},
             chunk_size=config.chunk_size, progress=None if args.quiet else f"offsets M={args.radius}")
-        import io
         buffer = io.BytesIO()
         np.savez(buffer, offset_cooccurrence=offsets["offset_cooccurrence"], unigram=offsets["unigram"],
                  bits=config.cipher.bits, radius=args.radius)
@@ -128,31 +126,44 @@ def cmd_download(args) -> dict:
 
 
 def cmd_demo(args) -> dict:
-    """Embedded corpus -> tokenizer -> explicit bigram -> short Adam warm start -> evaluation."""
-    from saffu.bigram import TrainConfig, bigram_nll, fit_explicit_bigram, train_bigram
+    """Embedded corpus -> tokenizer -> explicit SAFFU -> short Adam warm start -> evaluation,
+    with the explicit bigram for reference."""
+    from saffu.bigram import bigram_nll, fit_explicit_bigram
     from saffu.corpus import babylm_corpus
     from saffu.evaluation import pair_counts, split_metrics
+    from saffu.model import SaffuConfig, parameter_count
     from saffu.prepare import PrepareConfig, prepare
+    from saffu.runs import evaluate_split, save_explicit, save_run_config
+    from saffu.solver import SolverConfig, solve_explicit
+    from saffu.training import TrainConfig, train
 
     corpus = babylm_corpus(args.corpus, name="saffu-default" if args.corpus == DEFAULT_CORPUS else None)
-    workdir = prepare(corpus, args.workdir, PrepareConfig(vocab_size=args.vocab_size),
+    workdir = prepare(corpus, Path(args.workdir) / "data", PrepareConfig(vocab_size=args.vocab_size),
                       show_progress=not args.quiet)
-    model, report = fit_explicit_bigram(workdir, _bigram_config(args), progress=not args.quiet)
-    dev = pair_counts(workdir.tokens("dev"), vocab_size=workdir.vocab_size)
     info = workdir.split_info("dev")
-    metrics = {"explicit_seconds": report["seconds"], "beta": report["beta"]}
-    metrics.update(split_metrics(bigram_nll(model, dev), info, "explicit_dev_"))
-    trained, history = train_bigram(
-        model, workdir.tokens(workdir.train_split),
-        TrainConfig(steps=args.steps, learning_rate=args.learning_rate, eval_every=args.steps),
-        evaluate=lambda m: bigram_nll(m, dev) / info["predicted_tokens"], progress=not args.quiet)
-    metrics["warm_seconds"] = history[-1]["seconds"]
-    metrics["warm_steps"] = args.steps
-    metrics.update(split_metrics(bigram_nll(trained, dev), info, "warm_dev_"))
-    _print_metrics(f"saffu demo on {corpus.name}: explicit bigram, then {args.steps} Adam steps", metrics)
+    bigram, _ = fit_explicit_bigram(workdir, _bigram_config(args), progress=not args.quiet)
+    metrics = split_metrics(bigram_nll(bigram, pair_counts(workdir.tokens("dev"), vocab_size=workdir.vocab_size)),
+                            info, "bigram_dev_")
+    config = SaffuConfig(vocab_size=workdir.vocab_size, bits=args.bits, radius=args.radius)
+    params, report = solve_explicit(workdir, config, SolverConfig(), progress=not args.quiet)
+    run = Path(args.workdir) / "saffu"
+    run.mkdir(parents=True, exist_ok=True)
+    save_run_config(run, config, workdir)
+    save_explicit(run, params)
+    metrics.update(explicit_seconds=report["seconds"], params=parameter_count(params))
+    metrics.update(evaluate_split(params, config, workdir, "dev", progress=not args.quiet, prefix="explicit_dev_"))
+    trained, history = train(config, params, workdir.tokens(workdir.train_split),
+                             TrainConfig(steps=args.steps, learning_rate=args.learning_rate,
+                                         eval_every=args.steps, checkpoint_every=args.steps),
+                             run, dev_stream=workdir.tokens("dev"), progress=not args.quiet)
+    metrics.update(warm_steps=args.steps, warm_seconds=history[-1]["seconds"] if history else 0.0)
+    metrics.update(evaluate_split(trained, config, workdir, "dev", progress=not args.quiet, prefix="warm_dev_"))
+    _print_metrics(f"saffu demo on {corpus.name}: explicit bigram, explicit SAFFU (radius {args.radius}), "
+                   f"then {args.steps} Adam steps from it", metrics)
+    print(f"\nrun directory: {run}  (try: saffu generate --workdir {workdir.path} --run {run})")
     if SHARED_CORPUS.is_dir() and args.corpus == DEFAULT_CORPUS:
-        print(f"\nThe BabyLM corpus is at {SHARED_CORPUS}; run the same on it with\n"
-              f"  saffu demo --corpus {SHARED_CORPUS} --workdir runs/babylm --vocab-size 8192")
+        print(f"The BabyLM corpus is at {SHARED_CORPUS}; run the same on it with\n"
+              f"  saffu demo --corpus {SHARED_CORPUS} --workdir runs/babylm-demo --vocab-size 8192")
     return metrics
 
 
@@ -163,8 +174,14 @@ def _model_config(args, vocab_size: int):
                        blocks=args.blocks)
 
 
-def _eval_limit(args):
-    return None if args.eval_tokens == 0 else args.eval_tokens
+def _score_splits(params, config, workdir, args, splits=None) -> dict:
+    """Figures of every non-training split (or ``splits``), limited by ``--eval-tokens``."""
+    from saffu.runs import evaluate_split
+    limit = None if args.eval_tokens == 0 else args.eval_tokens
+    metrics = {}
+    for split in splits or _eval_splits(workdir):
+        metrics.update(evaluate_split(params, config, workdir, split, limit, not args.quiet))
+    return metrics
 
 
 def cmd_fit(args) -> dict:
@@ -172,7 +189,7 @@ def cmd_fit(args) -> dict:
     from saffu.explicit import Smoothing
     from saffu.model import parameter_count
     from saffu.prepare import open_workdir
-    from saffu.runs import evaluate_split, save_explicit, save_run_config
+    from saffu.runs import save_explicit, save_run_config
     from saffu.solver import SolverConfig, solve_explicit
 
     workdir = open_workdir(args.workdir)
@@ -186,9 +203,7 @@ def cmd_fit(args) -> dict:
     Path(args.run).mkdir(parents=True, exist_ok=True)
     save_run_config(args.run, config, workdir)
     save_explicit(args.run, params)
-    metrics = {**report, "params": parameter_count(params)}
-    for split in _eval_splits(workdir):
-        metrics.update(evaluate_split(params, config, workdir, split, _eval_limit(args), not args.quiet))
+    metrics = {**report, "params": parameter_count(params), **_score_splits(params, config, workdir, args)}
     _print_metrics(f"explicit SAFFU on {workdir.meta['corpus']} -> {args.run}", metrics)
     return metrics
 
@@ -198,7 +213,7 @@ def cmd_train(args) -> dict:
     import jax
     from saffu.model import init_params, parameter_count
     from saffu.prepare import open_workdir
-    from saffu.runs import evaluate_split, load_explicit, load_run_config, save_run_config
+    from saffu.runs import load_explicit, load_run_config, save_run_config
     from saffu.training import TrainConfig, train
 
     workdir = open_workdir(args.workdir)
@@ -224,21 +239,18 @@ def cmd_train(args) -> dict:
     metrics = {"init": args.init, "params": parameter_count(params), "steps": history[-1]["step"] if history else 0}
     if history:
         metrics.update(train_seconds=history[-1]["seconds"], tokens_per_s=history[-1]["tokens_per_s"])
-    for split in _eval_splits(workdir):
-        metrics.update(evaluate_split(params, config, workdir, split, _eval_limit(args), not args.quiet))
+    metrics.update(_score_splits(params, config, workdir, args))
     _print_metrics(f"{args.init}-init training of {run}", metrics)
     return metrics
 
 
 def cmd_eval(args) -> dict:
     from saffu.prepare import open_workdir
-    from saffu.runs import evaluate_split, load_params, load_run_config
+    from saffu.runs import load_params, load_run_config
     workdir = open_workdir(args.workdir)
     config = load_run_config(args.run)
     params, which = load_params(args.run, config, args.checkpoint)
-    metrics = {"checkpoint": which}
-    for split in args.split or _eval_splits(workdir):
-        metrics.update(evaluate_split(params, config, workdir, split, _eval_limit(args), not args.quiet))
+    metrics = {"checkpoint": which, **_score_splits(params, config, workdir, args, args.split)}
     _print_metrics(f"{args.run} ({which})", metrics)
     return metrics
 
@@ -387,7 +399,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS)
     p.add_argument("--workdir", type=Path, default=Path("runs/demo"))
     p.add_argument("--vocab-size", type=int, default=1024)
-    p.add_argument("--steps", type=int, default=60, help="Adam warm-start steps")
+    p.add_argument("--radius", type=int, default=8, help="SAFFU context rows")
+    p.add_argument("--steps", type=int, default=40, help="Adam warm-start steps")
     p.add_argument("--learning-rate", type=float, default=3e-3)
     _add_model_flags(p)
     _add_common(p)

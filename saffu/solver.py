@@ -13,8 +13,8 @@ counted part of the training split and uses only weights already solved:
    chain output: ``W_1`` from ``Σ [u; x_h]ᵀ c(y)`` (hidden target: the next token's cipher
    code, so ``D = K``), then ``W_2`` from ``Σ zᵀ e(y)`` with ``z`` computed by the solved ``W_1``;
 4. calibration of one temperature per group (direct) or per layer (chain) on the last
-   ``holdout_tokens`` of the training stream, which no count saw (L-BFGS; the loss is convex in
-   the direct form's temperatures).
+   ``holdout_tokens`` of the training stream, which no count saw (Newton's method for the
+   direct form, whose loss is convex in its temperatures; L-BFGS for the chain).
 """
 
 from __future__ import annotations
@@ -48,13 +48,13 @@ class SolverConfig:
       holdout_tokens: training-stream tail kept out of the counts, used to calibrate
         temperatures (0: no calibration, all temperatures 1).
       chunk_size: targets per device per accumulator step.
-      calibration_iterations: L-BFGS iterations per block.
+      calibration_iterations: Newton / L-BFGS iterations per block (at most).
     """
 
     smoothing: Smoothing = Smoothing()
     holdout_tokens: int = 16_384
     chunk_size: int = 1 << 12
-    calibration_iterations: int = 15
+    calibration_iterations: int = 12
 
 
 def _llr(cooccurrence: np.ndarray, smoothing: Smoothing, prior: np.ndarray) -> np.ndarray:
@@ -199,12 +199,16 @@ def _scaled(block: Params, config: SaffuConfig, temperatures) -> Params:
 
 
 def _calibrate(solved, block, index, config, stream, counted_end, solver):
-    """Minimise the holdout NLL of the stack truncated at block ``index`` over its temperatures."""
+    """Minimise the holdout NLL of the stack truncated at block ``index`` over its temperatures:
+    Newton's method for the direct form (convex: the logits are linear in the temperatures),
+    L-BFGS for the chain."""
     truncated = dataclasses.replace(config, blocks=index + 1)
     batches = list(range_windows(stream, counted_end, len(stream), truncated.context, 256, 8))
     windows = jnp.asarray(np.stack([w for w, _ in batches]))                 # [n, 8, R + 256]
     masks = jnp.asarray(np.stack([m for _, m in batches]))
     count = float(masks.sum())
+    if config.hidden == 0:
+        return _newton_direct(solved, block, index, truncated, windows, masks, count, solver)
 
     @jax.jit
     def loss_and_grad(temperatures):
@@ -214,12 +218,54 @@ def _calibrate(solved, block, index, config, stream, counted_end, solver):
             return jax.lax.scan(step, jnp.zeros(()), (windows, masks))[0] / count
         return jax.value_and_grad(loss)(temperatures)
 
-    size = config.groups if config.hidden == 0 else 2
     fun = lambda t: tuple(np.asarray(x, np.float64) for x in loss_and_grad(jnp.asarray(t, jnp.float32)))
-    result = scipy.optimize.minimize(fun, np.ones(size), jac=True, method="L-BFGS-B",
-                                     bounds=[(0.0, 5.0)] * size,
+    result = scipy.optimize.minimize(fun, np.ones(2), jac=True, method="L-BFGS-B", bounds=[(0.0, 5.0)] * 2,
                                      options={"maxiter": solver.calibration_iterations})
     return jnp.asarray(result.x, jnp.float32), float(result.fun)
+
+
+def _newton_direct(solved, block, index, config, windows, masks, count, solver):
+    """Newton steps on ``β`` for ``logits = b + Σ_g β_g L_g``: gradient ``Σ E_p[L_g] − L_g[y]``,
+    Hessian ``Σ Cov_p(L_g, L_h)`` (positive semi-definite), both in one pass per step."""
+    context = config.context
+    pad = cipher_table(config)[PAD_ID]
+
+    @jax.jit
+    def loss_gradient_hessian(beta):
+        def one(carry, batch):
+            w, m = batch
+            sequence, visible = block_inputs(solved, config, w, index)
+            X = block_windows(sequence, visible, pad)[:, context - 1:-1]           # [B, T, M, K]
+            groups = output_groups(config, X, attention_values(block, config, X))    # [B, T, G, K]
+            L = jnp.einsum("btgk,gkv->btgv", groups, block["group_weights"])
+            logits = jnp.einsum("g,btgv->btv", beta, L) + block["output_bias"][None, None, :]
+            log_p = jax.nn.log_softmax(logits, axis=-1)
+            p = jnp.exp(log_p)
+            y = w[:, context:]
+            picked = jnp.take_along_axis(L, y[:, :, None, None], axis=-1)[..., 0]    # [B, T, G]
+            mean = jnp.einsum("btv,btgv->btg", p, L)
+            second = jnp.einsum("btgv,bthv->btgh", p[:, :, None, :] * L, L)
+            nll = -jnp.take_along_axis(log_p, y[..., None], axis=-1)[..., 0]
+            weight = m.astype(jnp.float32)
+            loss, grad, hess = carry
+            return (loss + jnp.sum(weight * nll),
+                    grad + jnp.einsum("bt,btg->g", weight, mean - picked),
+                    hess + jnp.einsum("bt,btgh->gh", weight, second - mean[..., :, None] * mean[..., None, :])), None
+
+        G = config.groups
+        init = (jnp.zeros(()), jnp.zeros((G,)), jnp.zeros((G, G)))
+        return jax.lax.scan(one, init, (windows, masks))[0]
+
+    beta = np.ones(config.groups)
+    for _ in range(solver.calibration_iterations):
+        loss, grad, hess = (np.asarray(x, np.float64) for x in loss_gradient_hessian(jnp.asarray(beta, jnp.float32)))
+        step = np.linalg.solve(hess + 1e-6 * count * np.eye(len(beta)), grad)
+        new_beta = np.clip(beta - step, 0.0, 5.0)
+        converged = np.abs(new_beta - beta).max() < 1e-3
+        beta = new_beta
+        if converged:  # the loss changes by O(step²): the last evaluation stands for the final β
+            break
+    return jnp.asarray(beta, jnp.float32), float(loss) / count
 
 
 def _check_structure(solved: Params, template: Params) -> None:
