@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import shutil
 from pathlib import Path
 
@@ -50,7 +51,8 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=0, help="0: one epoch")
     parser.add_argument("--warm-learning-rate", type=float, default=0.003)
     parser.add_argument("--cold-learning-rate", type=float, default=0.05)
-    parser.add_argument("--architecture", nargs="*", default=[], help="extra architecture flags, e.g. --radius 8")
+    parser.add_argument("--architecture", default="", help='architecture flags for fit and cold runs, e.g. "--radius 4"')
+    parser.add_argument("--fit-flags", default="", help='extra flags for saffu fit only, e.g. "--mu 100"')
     parser.add_argument("--metrics-json", type=Path)
     args = parser.parse_args(argv)
     out, work = args.out, str(args.workdir)
@@ -58,14 +60,16 @@ def main(argv=None):
     common = ["--workdir", work, "--quiet"]
     budget = ["--steps", str(args.steps), "--eval-every", "50"]
 
-    explicit = run_once(out, "explicit", ["fit", *common, "--run", str(out / "explicit"), *args.architecture])
+    architecture = shlex.split(args.architecture)
+    explicit = run_once(out, "explicit", ["fit", *common, "--run", str(out / "explicit"), *architecture,
+                                          *shlex.split(args.fit_flags)])
     if not (out / "warm" / "explicit").exists():
         shutil.copytree(out / "explicit", out / "warm", dirs_exist_ok=True)
     warm = run_once(out, "warm", ["train", *common, "--run", str(out / "warm"), "--init", "explicit",
                                   "--learning-rate", str(args.warm_learning_rate), *budget])
     colds = [run_once(out, f"cold{s}", ["train", *common, "--run", str(out / f"cold{s}"), "--init", "random",
                                         "--seed", str(s), "--learning-rate", str(args.cold_learning_rate),
-                                        *budget, *args.architecture]) for s in range(args.seeds)]
+                                        *budget, *architecture]) for s in range(args.seeds)]
 
     warm_curve = curve(out / "warm")
     cold_curves = [curve(out / f"cold{s}") for s in range(args.seeds)]

@@ -134,6 +134,7 @@ def cmd_demo(args) -> dict:
     from saffu.model import SaffuConfig, parameter_count
     from saffu.prepare import PrepareConfig, prepare
     from saffu.runs import evaluate_split, save_explicit, save_run_config
+    from saffu.explicit import Smoothing
     from saffu.solver import SolverConfig, solve_explicit
     from saffu.training import TrainConfig, train
 
@@ -145,7 +146,8 @@ def cmd_demo(args) -> dict:
     metrics = split_metrics(bigram_nll(bigram, pair_counts(workdir.tokens("dev"), vocab_size=workdir.vocab_size)),
                             info, "bigram_dev_")
     config = SaffuConfig(vocab_size=workdir.vocab_size, bits=args.bits, radius=args.radius)
-    params, report = solve_explicit(workdir, config, SolverConfig(), progress=not args.quiet)
+    params, report = solve_explicit(workdir, config, SolverConfig(smoothing=Smoothing(mu=args.saffu_mu)),
+                                    progress=not args.quiet)
     run = Path(args.workdir) / "saffu"
     run.mkdir(parents=True, exist_ok=True)
     save_run_config(run, config, workdir)
@@ -338,7 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run", type=Path, required=True, help="run directory to create")
     _add_architecture_flags(p)
     _add_model_flags(p)
-    p.set_defaults(holdout_tokens=16_384, chunk_size=1 << 12)
+    p.set_defaults(holdout_tokens=16_384, chunk_size=1 << 12, mu=3000.0)
     _add_eval_flags(p)
     _add_common(p)
     p.set_defaults(run_command=cmd_fit)
@@ -400,6 +402,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workdir", type=Path, default=Path("runs/demo"))
     p.add_argument("--vocab-size", type=int, default=1024)
     p.add_argument("--radius", type=int, default=8, help="SAFFU context rows")
+    p.add_argument("--saffu-mu", type=float, default=3000.0, help="Dirichlet strength of the SAFFU solver")
     p.add_argument("--steps", type=int, default=40, help="Adam warm-start steps")
     p.add_argument("--learning-rate", type=float, default=3e-3)
     _add_model_flags(p)

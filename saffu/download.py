@@ -9,7 +9,6 @@ The 2023 release is one zip (``babylm_data.zip``) holding ``babylm_data/babylm_1
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 import tempfile
 import urllib.error

@@ -45,13 +45,17 @@ class SolverConfig:
 
     Attributes:
       smoothing: smoothing of every conditional distribution (Dirichlet around the prior).
+        The default strength μ = 3000 was chosen on the held-out training tail of
+        babylm-2023-4src (holdout loss 5.144 / 5.059 / 5.045 / 5.081 nats for μ = 100, 1000,
+        3000, 10000): SAFFU's multi-group evidence needs far stronger smoothing than a
+        single layer.
       holdout_tokens: training-stream tail kept out of the counts, used to calibrate
         temperatures (0: no calibration, all temperatures 1).
       chunk_size: targets per device per accumulator step.
       calibration_iterations: Newton / L-BFGS iterations per block (at most).
     """
 
-    smoothing: Smoothing = Smoothing()
+    smoothing: Smoothing = Smoothing(mu=3000.0)
     holdout_tokens: int = 16_384
     chunk_size: int = 1 << 12
     calibration_iterations: int = 12

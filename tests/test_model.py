@@ -28,7 +28,7 @@ def reference_logits(params, config, tokens):
     codes = np.asarray(cipher_table(config), np.float64)
     P = jax.tree.map(lambda x: np.asarray(x, np.float64), params)
     sequence = codes[tokens]
-    S, M, K = len(tokens), config.radius, config.dim
+    S, M = len(tokens), config.radius
     for index in range(config.blocks):
         block = P["blocks"][index]
         logits = np.zeros((S, config.vocab_size))

@@ -8,7 +8,7 @@ from flax import nnx
 
 from saffu.cli import main
 from saffu.model import Saffu, SaffuConfig, init_params
-from saffu.runs import evaluate_split, generate, load_explicit, load_params, save_explicit, save_run_config
+from saffu.runs import evaluate_split, generate, load_explicit, load_params, save_explicit
 from saffu.solver import SolverConfig, solve_explicit
 from saffu.training import TrainConfig, train
 
