@@ -246,12 +246,18 @@ def cmd_train(args) -> dict:
     return metrics
 
 
-def cmd_eval(args) -> dict:
+def _load_run(args):
+    """``(workdir, model config, params, which checkpoint)`` of ``--workdir`` / ``--run`` / ``--checkpoint``."""
     from saffu.prepare import open_workdir
     from saffu.runs import load_params, load_run_config
     workdir = open_workdir(args.workdir)
     config = load_run_config(args.run)
     params, which = load_params(args.run, config, args.checkpoint)
+    return workdir, config, params, which
+
+
+def cmd_eval(args) -> dict:
+    workdir, config, params, which = _load_run(args)
     metrics = {"checkpoint": which, **_score_splits(params, config, workdir, args, args.split)}
     _print_metrics(f"{args.run} ({which})", metrics)
     return metrics
@@ -259,11 +265,8 @@ def cmd_eval(args) -> dict:
 
 def cmd_generate(args) -> dict:
     import jax
-    from saffu.prepare import open_workdir
-    from saffu.runs import generate, load_params, load_run_config
-    workdir = open_workdir(args.workdir)
-    config = load_run_config(args.run)
-    params, which = load_params(args.run, config, args.checkpoint)
+    from saffu.runs import generate
+    workdir, config, params, which = _load_run(args)
     texts = generate(params, config, workdir.tokenizer(), jax.random.key(args.seed), args.num_samples,
                      args.max_tokens, args.temperature, args.top_k)
     print(f"{len(texts)} samples from {args.run} ({which}):")
