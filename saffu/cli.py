@@ -221,10 +221,11 @@ def cmd_train(args) -> dict:
     workdir = open_workdir(args.workdir)
     run = Path(args.run)
     if args.init == "explicit":
-        config = load_run_config(run)
+        config = _check_vocabulary(load_run_config(run), workdir, run)
         params = load_explicit(run, config)
     else:
-        config = load_run_config(run) if (run / "config.json").exists() else _model_config(args, workdir.vocab_size)
+        config = (_check_vocabulary(load_run_config(run), workdir, run) if (run / "config.json").exists()
+                  else _model_config(args, workdir.vocab_size))
         run.mkdir(parents=True, exist_ok=True)
         save_run_config(run, config, workdir)
         params = init_params(config, jax.random.fold_in(jax.random.key(args.seed), 0))
@@ -251,9 +252,16 @@ def _load_run(args):
     from saffu.prepare import open_workdir
     from saffu.runs import load_params, load_run_config
     workdir = open_workdir(args.workdir)
-    config = load_run_config(args.run)
+    config = _check_vocabulary(load_run_config(args.run), workdir, args.run)
     params, which = load_params(args.run, config, args.checkpoint)
     return workdir, config, params, which
+
+
+def _check_vocabulary(config, workdir, run):
+    if config.vocab_size != workdir.vocab_size:
+        raise SaffuError(f"run {run} has a {config.vocab_size}-token model but {workdir.path} a "
+                         f"{workdir.vocab_size}-token tokenizer; use the work directory the run was made from")
+    return config
 
 
 def cmd_eval(args) -> dict:
@@ -422,6 +430,9 @@ def main(argv: list[str] | None = None) -> int:
     except SaffuError as err:
         print(f"saffu: error: {err}", file=sys.stderr)
         return 2
+    except FloatingPointError as err:
+        print(f"saffu: numerical error: {err}", file=sys.stderr)
+        return 3
     except KeyboardInterrupt:
         print("saffu: interrupted", file=sys.stderr)
         return 130

@@ -98,3 +98,18 @@ def test_cli_fit_train_eval_generate(tiny_workdir, tmp_path, capsys):
     capsys.readouterr()
     assert main(["eval", "--workdir", work, "--run", str(tmp_path / "nothing"), "--quiet"]) == 2
     assert "no config.json" in capsys.readouterr().err
+
+
+def test_run_from_another_work_directory_is_one_line(tiny_workdir, tmp_path, capsys):
+    from saffu import PrepareConfig, prepare, text_files_corpus
+    other_text = tmp_path / "other.txt"
+    other_text.write_text("completely different words here\n" * 50)
+    other = prepare(text_files_corpus({"train_10M": [other_text], "dev": [other_text]}), tmp_path / "other",
+                    PrepareConfig(vocab_size=270), show_progress=False)
+    run = tmp_path / "run"
+    assert main(["train", "--workdir", str(tiny_workdir.path), "--run", str(run), "--init", "random", "--bits", "16",
+                 "--radius", "2", "--steps", "1", "--batch-size", "1", "--seq-len", "8", "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["eval", "--workdir", str(other.path), "--run", str(run), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "tokenizer" in err and "\n" not in err
