@@ -41,7 +41,8 @@ def _corpus_from_args(args):
 def cmd_prepare(args) -> dict:
     from saffu.prepare import PrepareConfig, prepare
     corpus = _corpus_from_args(args)
-    config = PrepareConfig(vocab_size=args.vocab_size, train_split=args.train_split)
+    config = PrepareConfig(vocab_size=args.vocab_size, train_split=args.train_split,
+                           allow_smaller_vocab=args.allow_smaller_vocab)
     workdir = prepare(corpus, args.workdir, config, show_progress=not args.quiet)
     metrics = {"vocab_size": workdir.vocab_size, "seconds": workdir.meta["seconds"]}
     for split, info in workdir.meta["splits"].items():
@@ -327,6 +328,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workdir", type=Path, required=True)
     p.add_argument("--vocab-size", type=int, default=8192)
     p.add_argument("--train-split", default="train_10M", help="train_10M or train_100M")
+    p.add_argument("--allow-smaller-vocab", action="store_true",
+                   help="accept fewer tokens than --vocab-size when the corpus supports no more merges")
     p.add_argument("--corpus-name", help="label for reports (default: the folder name), "
                                          "e.g. babylm-2023-4src for ../shared/data/babylm/2023")
     _add_common(p)
@@ -411,7 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="the main job on the embedded corpus: explicit init, warm start, evaluation")
     p.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS)
     p.add_argument("--workdir", type=Path, default=Path("runs/demo"))
-    p.add_argument("--vocab-size", type=int, default=1024)
+    p.add_argument("--vocab-size", type=int, default=512)
     p.add_argument("--radius", type=int, default=8, help="SAFFU context rows")
     p.add_argument("--saffu-mu", type=float, default=3000.0, help="Dirichlet strength of the SAFFU solver")
     p.add_argument("--steps", type=int, default=40, help="Adam warm-start steps")

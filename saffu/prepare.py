@@ -41,12 +41,15 @@ class PrepareConfig:
       train_split: the split the tokenizer (and later every statistic) is trained on.
       eval_splits: further splits to tokenize if the corpus has them (``dev``, ``test``).
       min_frequency: minimum pair frequency for a BPE merge.
+      allow_smaller_vocab: accept a vocabulary smaller than ``vocab_size`` when the training
+        split supports no more merges (otherwise that is an error).
     """
 
     vocab_size: int = 8192
     train_split: str = "train_10M"
     eval_splits: tuple[str, ...] = ("dev", "test")
     min_frequency: int = 2
+    allow_smaller_vocab: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,9 +161,14 @@ def prepare(corpus: Corpus, workdir: str | Path, config: PrepareConfig = Prepare
 
     bpe = tok.train_bpe(iter_documents(train_files), config.vocab_size,
                         config.min_frequency, show_progress=show_progress)
+    vocab_size = bpe.get_vocab_size()
+    if vocab_size < config.vocab_size and not config.allow_smaller_vocab:
+        raise SaffuError(f"the training split ({', '.join(str(f) for f in train_files[:2])}"
+                         f"{', …' if len(train_files) > 2 else ''}) supports only {vocab_size} BPE tokens, "
+                         f"fewer than --vocab-size {config.vocab_size}; use --vocab-size {vocab_size} or less, "
+                         f"or pass --allow-smaller-vocab")
     bpe, counts = tok.rerank_by_frequency(bpe, iter_documents(train_files))
     tok.save_tokenizer(bpe, workdir / "tokenizer.json")
-    vocab_size = bpe.get_vocab_size()
     dtype = np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
 
     splits = {}

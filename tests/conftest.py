@@ -41,4 +41,4 @@ def tiny_corpus_dir(tmp_path_factory):
 def tiny_workdir(tiny_corpus_dir, tmp_path_factory):
     from saffu import PrepareConfig, babylm_corpus, prepare
     return prepare(babylm_corpus(tiny_corpus_dir), tmp_path_factory.mktemp("tiny_work"),
-                   PrepareConfig(vocab_size=300), show_progress=False)
+                   PrepareConfig(vocab_size=280), show_progress=False)

@@ -43,7 +43,7 @@ def test_explicit_bigram_beats_unigram_and_adam_improves_random_init(tiny_workdi
 
 def test_cli_prepare_and_stats_write_metrics(tmp_path, tiny_corpus_dir, capsys):
     work, prep, stats = tmp_path / "w", tmp_path / "p.json", tmp_path / "m.json"
-    assert main(["prepare", "--corpus", str(tiny_corpus_dir), "--workdir", str(work), "--vocab-size", "300",
+    assert main(["prepare", "--corpus", str(tiny_corpus_dir), "--workdir", str(work), "--vocab-size", "280",
                  "--quiet", "--metrics-json", str(prep)]) == 0
     assert json.loads(prep.read_text())["dev_bytes"] > 0
     assert main(["stats", "--workdir", str(work), "--model", "bigram", "--bits", "16", "--radius", "3",

@@ -44,7 +44,7 @@ def test_non_utf8_bytes_are_replaced_and_counted(tmp_path):
     assert stats.replaced_bytes == 3                       # the genuine U+FFFD is not counted
     assert stats.documents == 3 and stats.bytes == path.stat().st_size
     corpus = text_files_corpus({"train_10M": [path], "dev": [path]})
-    workdir = prepare(corpus, tmp_path / "w", PrepareConfig(vocab_size=270), show_progress=False)
+    workdir = prepare(corpus, tmp_path / "w", PrepareConfig(vocab_size=270, allow_smaller_vocab=True), show_progress=False)
     assert workdir.split_info("dev")["replaced_bytes"] == 3
 
 
@@ -103,3 +103,13 @@ def test_download_from_a_local_release_zip(tmp_path):
     assert not (tmp_path / "again").exists()
     with pytest.raises(SaffuError, match="cannot download"):
         download_babylm(tmp_path / "x", url=(tmp_path / "missing.zip").as_uri(), progress=False)
+
+
+def test_vocabulary_larger_than_the_corpus_supports_is_one_line(tmp_path, capsys, tiny_corpus_dir):
+    err = one_line_error(capsys, ["prepare", "--corpus", str(tiny_corpus_dir), "--workdir", str(tmp_path / "w"),
+                                  "--vocab-size", "5000", "--quiet"])
+    assert "supports only" in err and "a.train" in err and "--allow-smaller-vocab" in err
+    assert not (tmp_path / "w" / "meta.json").exists()            # nothing a later command could use
+    assert main(["prepare", "--corpus", str(tiny_corpus_dir), "--workdir", str(tmp_path / "w"),
+                 "--vocab-size", "5000", "--allow-smaller-vocab", "--quiet"]) == 0
+    assert open_workdir(tmp_path / "w").vocab_size < 5000

@@ -105,7 +105,7 @@ def test_run_from_another_work_directory_is_one_line(tiny_workdir, tmp_path, cap
     other_text = tmp_path / "other.txt"
     other_text.write_text("completely different words here\n" * 50)
     other = prepare(text_files_corpus({"train_10M": [other_text], "dev": [other_text]}), tmp_path / "other",
-                    PrepareConfig(vocab_size=270), show_progress=False)
+                    PrepareConfig(vocab_size=270, allow_smaller_vocab=True), show_progress=False)
     run = tmp_path / "run"
     assert main(["train", "--workdir", str(tiny_workdir.path), "--run", str(run), "--init", "random", "--bits", "16",
                  "--radius", "2", "--steps", "1", "--batch-size", "1", "--seq-len", "8", "--quiet"]) == 0
