@@ -227,14 +227,17 @@ def cmd_train(args) -> dict:
     else:
         config = (_check_vocabulary(load_run_config(run), workdir, run) if (run / "config.json").exists()
                   else _model_config(args, workdir.vocab_size))
+        workdir.check_radius(config.radius)
         run.mkdir(parents=True, exist_ok=True)
         save_run_config(run, config, workdir)
         params = init_params(config, jax.random.fold_in(jax.random.key(args.seed), 0))
+    workdir.check_radius(config.radius)  # also for explicit runs made from another work directory
     train_config = TrainConfig(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len,
                                learning_rate=args.learning_rate, warmup_steps=args.warmup_steps,
                                weight_decay=args.weight_decay, adam_eps=args.adam_eps,
                                eval_every=args.eval_every, checkpoint_every=args.checkpoint_every,
-                               seed=args.seed, freeze=tuple(args.freeze), thaw_step=args.thaw_step)
+                               seed=args.seed, freeze=tuple(args.freeze), thaw_step=args.thaw_step,
+                               on_nonfinite=args.on_nonfinite)
     dev = workdir.tokens("dev") if "dev" in workdir.meta["splits"] else None
     show = None if args.quiet else (lambda r: print(f"  step {r['step']:>6}  dev_loss {r['dev_loss']:.4f}  "
                                                     f"train_loss {r['train_loss']:.4f}  {r['seconds']:.1f} s"))
@@ -378,6 +381,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--freeze", nargs="*", default=[], help="parameter names frozen until --thaw-step")
     p.add_argument("--thaw-step", type=int, default=0)
+    p.add_argument("--on-nonfinite", choices=["stop", "skip"], default="stop",
+                   help="a step with a non-finite loss is never applied: stop with an error, or skip it")
     _add_eval_flags(p)
     _add_common(p)
     p.set_defaults(run_command=cmd_train)

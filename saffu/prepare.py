@@ -29,7 +29,7 @@ from saffu import tokenizer as tok
 from saffu._io import SaffuError, atomic_write_json
 from saffu.corpus import Corpus, ReadStats, check_not_empty, iter_documents
 
-META_VERSION = 1
+META_VERSION = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +82,15 @@ class WorkDir:
         self.tokens(split)  # validates the name
         return self.meta["splits"][split]
 
+    def check_radius(self, radius: int, split: str | None = None) -> None:
+        """A clear error when a context of ``radius`` tokens is longer than every document of
+        ``split`` (default: the training split), so its far rows would always be padding."""
+        split = split or self.train_split
+        longest = self.split_info(split)["longest_document"]
+        if radius > longest + 1:  # the opening <eod> is the (radius)-th row of the longest document
+            raise SaffuError(f"--radius {radius} is longer than every document of {split} in {self.path} (the "
+                             f"longest has {longest} tokens); use --radius {max(longest + 1, 1)} or less")
+
     def token_counts(self) -> np.ndarray:
         """Training-split count of every token id, ``int64[V]``."""
         return np.asarray(self.meta["train_token_counts"], dtype=np.int64)
@@ -118,6 +127,7 @@ def _write_stream(tokenizer, files, out: Path, dtype: np.dtype, desc: str,
     total = sum(f.stat().st_size for f in files)
     tmp = out.with_suffix(".bin.tmp")
     num_tokens = 0
+    longest = 0
     with open(tmp, "wb") as handle, tqdm(total=total, unit="B", unit_scale=True, desc=desc,
                                          leave=False, disable=not show_progress) as bar:
         handle.write(np.asarray([tok.EOD_ID], dtype=dtype).tobytes())
@@ -128,6 +138,7 @@ def _write_stream(tokenizer, files, out: Path, dtype: np.dtype, desc: str,
             for ids in batch:
                 flat.extend(ids)
                 flat.append(tok.EOD_ID)
+                longest = max(longest, len(ids))
             handle.write(np.asarray(flat, dtype=dtype).tobytes())
             num_tokens += len(flat)
             bar.update(stats.bytes - seen_bytes)
@@ -135,7 +146,7 @@ def _write_stream(tokenizer, files, out: Path, dtype: np.dtype, desc: str,
     os.replace(tmp, out)
     return {"tokens": num_tokens, "predicted_tokens": num_tokens - 1,
             "documents": stats.documents, "bytes": stats.bytes, "words": stats.words,
-            "replaced_bytes": stats.replaced_bytes}
+            "replaced_bytes": stats.replaced_bytes, "longest_document": longest}
 
 
 def prepare(corpus: Corpus, workdir: str | Path, config: PrepareConfig = PrepareConfig(),

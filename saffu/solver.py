@@ -87,6 +87,7 @@ def solve_explicit(workdir: WorkDir, config: SaffuConfig, solver: SolverConfig =
     if config.hidden not in (0, config.dim):
         raise SaffuError(f"the explicit chain's hidden target is the next token's cipher code, so it "
                          f"needs --hidden {config.dim} (K = bits + 1); got {config.hidden}")
+    workdir.check_radius(config.radius)
     start = time.perf_counter()
     stream = workdir.tokens(workdir.train_split)
     holdout = min(solver.holdout_tokens, len(stream) // 10)

@@ -50,6 +50,9 @@ class TrainConfig:
       seed: seed of the data order (and of the random init).
       freeze: parameter names (e.g. ``attention_0``) frozen until ``thaw_step``.
       thaw_step: step at which frozen parameters start training.
+      on_nonfinite: a step whose loss or gradients are not finite is never applied;
+        ``"stop"`` then raises (nothing non-finite reaches a checkpoint), ``"skip"`` keeps the
+        previous parameters and optimizer state and goes on (skips are counted).
     """
 
     steps: int = 0
@@ -66,6 +69,11 @@ class TrainConfig:
     seed: int = 0
     freeze: tuple[str, ...] = ()
     thaw_step: int = 0
+    on_nonfinite: str = "stop"
+
+    def __post_init__(self):
+        if self.on_nonfinite not in ("stop", "skip"):
+            raise SaffuError(f"on_nonfinite must be 'stop' or 'skip', got {self.on_nonfinite!r}")
 
 
 def make_optimizer(config: TrainConfig, steps: int) -> optax.GradientTransformation:
@@ -123,7 +131,8 @@ def train(model: SaffuConfig, params: Params, train_stream: np.ndarray, config: 
     If ``run_dir`` already holds checkpoints of this run, training resumes from the latest
     one. Each evaluation appends one JSON line to ``run_dir/metrics.jsonl`` with ``step``,
     ``tokens``, ``seconds`` (training time, evaluation excluded), ``tokens_per_s``,
-    ``train_loss`` and ``dev_loss`` (nats/token on the evenly spaced dev windows).
+    ``train_loss``, ``dev_loss`` (nats/token on the evenly spaced dev windows) and
+    ``skipped_steps`` (non-finite steps skipped by this call, with ``on_nonfinite="skip"``).
 
     Returns the final parameters and the evaluation history of this call.
     """
@@ -140,12 +149,16 @@ def train(model: SaffuConfig, params: Params, train_stream: np.ndarray, config: 
     @jax.jit
     def train_step(p, opt_state, step, windows, mask):
         loss, grads = jax.value_and_grad(loss_fn)(p, windows, mask)
-        updates, opt_state = optimizer.update(grads, opt_state, p)
+        updates, new_opt_state = optimizer.update(grads, opt_state, p)
         if frozen:
             keep = step >= config.thaw_step
             updates = jax.tree_util.tree_map_with_path(
                 lambda path, u: jnp.where(keep, u, 0.0) if path[-1].key in frozen else u, updates)
-        return optax.apply_updates(p, updates), opt_state, loss
+        finite = jnp.isfinite(loss) & jnp.all(jnp.asarray([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)]))
+        # a non-finite step is never applied: parameters and optimizer state stay as they were
+        new_p = jax.tree.map(lambda new, old: jnp.where(finite, new, old), optax.apply_updates(p, updates), p)
+        new_opt_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_opt_state, opt_state)
+        return new_p, new_opt_state, loss, finite
 
     eval_batch = None if dev_stream is None else evenly_spaced_windows(dev_stream, model, config.seq_len,
                                                                        config.eval_windows)
@@ -173,6 +186,7 @@ def train(model: SaffuConfig, params: Params, train_stream: np.ndarray, config: 
     params, opt_state, start = state["params"], state["opt_state"], int(state["step"])
 
     history: list[dict] = []
+    skipped = 0
 
     def evaluate(step, recent):
         if eval_batch is None:
@@ -180,7 +194,8 @@ def train(model: SaffuConfig, params: Params, train_stream: np.ndarray, config: 
         record = {"step": step, "tokens": step * config.batch_size * config.seq_len, "seconds": seconds,
                   "tokens_per_s": (step - start) * config.batch_size * config.seq_len / max(seconds, 1e-9)
                   if step > start else math.nan,
-                  "train_loss": float(np.mean(recent)) if recent else math.nan, "dev_loss": dev_loss(params)}
+                  "train_loss": float(np.mean(recent)) if recent else math.nan, "dev_loss": dev_loss(params),
+                  "skipped_steps": skipped}
         history.append(record)
         with open(metrics_path, "a") as handle:
             handle.write(json.dumps(record) + "\n")
@@ -194,13 +209,18 @@ def train(model: SaffuConfig, params: Params, train_stream: np.ndarray, config: 
                      leave=False):
         windows, mask = schedule(step)
         tick = time.perf_counter()
-        params, opt_state, loss = train_step(params, opt_state, jnp.asarray(step), jnp.asarray(windows),
-                                             jnp.asarray(mask))
-        loss = float(loss)  # synchronises, so the timing is honest
+        params, opt_state, loss, finite = train_step(params, opt_state, jnp.asarray(step), jnp.asarray(windows),
+                                                     jnp.asarray(mask))
+        loss, finite = float(loss), bool(finite)  # synchronises, so the timing is honest
         seconds += time.perf_counter() - tick
-        if not math.isfinite(loss):
-            raise FloatingPointError(f"non-finite training loss at step {step + 1}; lower --learning-rate")
-        recent.append(loss)
+        if not finite:
+            if config.on_nonfinite == "stop":
+                raise FloatingPointError(
+                    f"non-finite loss or gradient at step {step + 1} (loss {loss}); the step was not applied "
+                    f"and the last checkpoint is intact: lower --learning-rate or use --on-nonfinite skip")
+            skipped += 1
+        else:
+            recent.append(loss)
         done = step + 1
         if done % config.eval_every == 0 or done == steps:
             evaluate(done, recent)

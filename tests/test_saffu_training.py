@@ -113,3 +113,35 @@ def test_run_from_another_work_directory_is_one_line(tiny_workdir, tmp_path, cap
     assert main(["eval", "--workdir", str(other.path), "--run", str(run), "--quiet"]) == 2
     err = capsys.readouterr().err.strip()
     assert "tokenizer" in err and "\n" not in err
+
+
+@pytest.mark.parametrize("policy", ["stop", "skip"])
+def test_non_finite_steps_are_never_applied_nor_checkpointed(tiny_workdir, tmp_path, policy):
+    config = tiny_config(tiny_workdir)
+    params = init_params(config, jax.random.key(4))
+    settings = TrainConfig(steps=6, batch_size=2, seq_len=16, learning_rate=1e38, warmup_steps=2,
+                           checkpoint_every=1, eval_every=1, on_nonfinite=policy)
+    run = tmp_path / policy
+    if policy == "stop":
+        with pytest.raises(FloatingPointError, match="not applied"):
+            train(config, params, tiny_workdir.tokens("train_10M"), settings, run,
+                  dev_stream=tiny_workdir.tokens("dev"), progress=False)
+    else:
+        final, history = train(config, params, tiny_workdir.tokens("train_10M"), settings, run,
+                               dev_stream=tiny_workdir.tokens("dev"), progress=False)
+        assert history[-1]["skipped_steps"] > 0
+        assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(final))
+    saved, _ = load_params(run, config)
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(saved))
+
+
+def test_radius_longer_than_every_document_is_one_line(tiny_workdir, tmp_path, capsys):
+    longest = tiny_workdir.split_info("train_10M")["longest_document"]
+    assert longest == max(len(tiny_workdir.tokenizer().encode(line).ids)
+                          for line in __import__("conftest").TINY_TRAIN)
+    for command in (["fit"], ["train", "--init", "random"]):
+        assert main([*command, "--workdir", str(tiny_workdir.path), "--run", str(tmp_path / command[0]),
+                     "--bits", "16", "--radius", str(longest + 5), "--quiet"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "longer than every document" in err and f"--radius {longest + 1}" in err and "\n" not in err
+        assert not (tmp_path / command[0]).exists()                  # nothing half-made
