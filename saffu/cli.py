@@ -80,6 +80,13 @@ def cmd_stats(args) -> dict:
     from saffu.explicit import unigram_prior
     from saffu.prepare import open_workdir
 
+    if args.num_processes > 1:
+        from saffu import distributed
+        if not args.coordinator:
+            raise SaffuError("--num-processes > 1 needs --coordinator HOST:PORT (process 0's address)")
+        distributed.initialize(args.coordinator, args.num_processes, args.process_id)
+        if args.process_id != 0:  # every process computes the same totals; process 0 writes them
+            args.metrics_json, args.save_to = None, False
     workdir = open_workdir(args.workdir)
     config = _bigram_config(args)
     start = time.perf_counter()
@@ -109,7 +116,8 @@ def cmd_stats(args) -> dict:
         buffer = io.BytesIO()
         np.savez(buffer, offset_cooccurrence=offsets["offset_cooccurrence"], unigram=offsets["unigram"],
                  bits=config.cipher.bits, radius=args.radius)
-        atomic_write_bytes(Path(args.workdir) / "statistics.npz", buffer.getvalue())
+        if args.save_to is not False:
+            atomic_write_bytes(Path(args.workdir) / "statistics.npz", buffer.getvalue())
         metrics["offset_stats_seconds"] = offsets["seconds"]
         metrics["offset_stats_tokens_per_s"] = (len(workdir.tokens(workdir.train_split)) - 1) / offsets["seconds"]
     _print_metrics(f"explicit {args.model} model on {workdir.meta['corpus']}", metrics)
@@ -346,6 +354,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--radius", type=int, default=1,
                    help="also compute and save offset statistics F_δ, δ < radius, to statistics.npz")
     p.add_argument("--save-statistics", action="store_true", help="save statistics.npz even for radius 1")
+    p.add_argument("--num-processes", type=int, default=1,
+                   help="processes (hosts) in a multi-process job; each streams its own documents")
+    p.add_argument("--process-id", type=int, default=0, help="this process's index in [0, num-processes)")
+    p.add_argument("--coordinator", help="HOST:PORT of process 0 (jax.distributed)")
+    p.set_defaults(save_to=True)
     _add_model_flags(p)
     _add_common(p)
     p.set_defaults(run_command=cmd_stats)

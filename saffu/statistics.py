@@ -302,12 +302,27 @@ def accumulate_states(stream: np.ndarray, accumulators: Mapping[str, Accumulator
       mesh: 1-D device mesh (default: all local devices).
       progress: progress-bar label, or ``None`` for none.
 
+    In a multi-process job (:mod:`saffu.distributed`) each process streams its own documents
+    of ``[begin, end)`` and the states are added over processes, so every process returns the
+    same totals.
+
     Returns name -> state summed over devices, as numpy, ready for ``finalize`` or for
     :func:`merge_states` with another range's or host's.
     """
     end = len(stream) if end is None else end
     if not 1 <= begin <= end <= len(stream):
         raise SaffuError(f"target range [{begin}, {end}) is outside the stream of {len(stream)} tokens")
+    if jax.process_count() > 1:  # multi-process job: this process's documents, then a collective sum
+        from saffu import distributed
+        local_begin, local_end = distributed.document_shard(stream, jax.process_index(), jax.process_count(),
+                                                            begin, end)
+        local = _accumulate_local(stream, accumulators, local_begin, local_end, chunk_size, mesh, progress)
+        return {name: distributed.sum_over_processes(state) for name, state in local.items()}
+    return _accumulate_local(stream, accumulators, begin, end, chunk_size, mesh, progress)
+
+
+def _accumulate_local(stream, accumulators, begin, end, chunk_size, mesh, progress) -> dict[str, State]:
+    """:func:`accumulate_states` on this process's local devices only."""
     for name, acc in accumulators.items():
         if end - begin > acc.capacity:
             raise SaffuError(f"{end - begin:,} targets exceed the exact range of accumulator {name!r} "
