@@ -249,8 +249,10 @@ def cmd_train(args) -> dict:
     dev = workdir.tokens("dev") if "dev" in workdir.meta["splits"] else None
     show = None if args.quiet else (lambda r: print(f"  step {r['step']:>6}  dev_loss {r['dev_loss']:.4f}  "
                                                     f"train_loss {r['train_loss']:.4f}  {r['seconds']:.1f} s"))
+    from saffu.training import data_parallel_mesh
+    mesh = data_parallel_mesh(args.devices or None) if args.devices != 1 else None
     params, history = train(config, params, workdir.tokens(workdir.train_split), train_config, run,
-                            dev_stream=dev, on_eval=show, progress=not args.quiet)
+                            dev_stream=dev, on_eval=show, progress=not args.quiet, mesh=mesh)
     metrics = {"init": args.init, "params": parameter_count(params), "steps": history[-1]["step"] if history else 0}
     if history:
         metrics.update(train_seconds=history[-1]["seconds"], tokens_per_s=history[-1]["tokens_per_s"])
@@ -394,6 +396,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--freeze", nargs="*", default=[], help="parameter names frozen until --thaw-step")
     p.add_argument("--thaw-step", type=int, default=0)
+    p.add_argument("--devices", type=int, default=1,
+                   help="data-parallel over this many local devices (0: all); the batch is split over them")
     p.add_argument("--on-nonfinite", choices=["stop", "skip"], default="stop",
                    help="a step with a non-finite loss is never applied: stop with an error, or skip it")
     _add_eval_flags(p)

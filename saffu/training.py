@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import orbax.checkpoint as ocp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tqdm.auto import tqdm
 
 from saffu._io import SaffuError
@@ -123,9 +124,20 @@ def _checkpoint_manager(directory: Path) -> ocp.CheckpointManager:
         max_to_keep=2, create=True, enable_async_checkpointing=False))
 
 
+def data_parallel_mesh(num_devices: int | None = None) -> Mesh:
+    """A 1-D ``("data",)`` mesh over the first ``num_devices`` local devices (all by default)."""
+    devices = jax.local_devices()
+    if num_devices is not None:
+        if not 1 <= num_devices <= len(devices):
+            raise SaffuError(f"asked for {num_devices} devices, {len(devices)} are available")
+        devices = devices[:num_devices]
+    return Mesh(np.asarray(devices), ("data",))
+
+
 def train(model: SaffuConfig, params: Params, train_stream: np.ndarray, config: TrainConfig,
           run_dir: str | Path, dev_stream: np.ndarray | None = None,
-          on_eval: Callable[[dict], None] | None = None, progress: bool = True) -> tuple[Params, list[dict]]:
+          on_eval: Callable[[dict], None] | None = None, progress: bool = True,
+          mesh: Mesh | None = None) -> tuple[Params, list[dict]]:
     """Train ``params`` (explicit or random init) and checkpoint into ``run_dir/checkpoints``.
 
     If ``run_dir`` already holds checkpoints of this run, training resumes from the latest
@@ -133,6 +145,10 @@ def train(model: SaffuConfig, params: Params, train_stream: np.ndarray, config: 
     ``tokens``, ``seconds`` (training time, evaluation excluded), ``tokens_per_s``,
     ``train_loss``, ``dev_loss`` (nats/token on the evenly spaced dev windows) and
     ``skipped_steps`` (non-finite steps skipped by this call, with ``on_nonfinite="skip"``).
+
+    With a ``mesh`` (see :func:`data_parallel_mesh`) each batch is split over its ``"data"``
+    axis and the parameters and optimizer state are replicated; XLA inserts the gradient
+    all-reduce. The same code runs on one CPU, several forced CPU devices, a GPU or a TPU slice.
 
     Returns the final parameters and the evaluation history of this call.
     """
@@ -184,6 +200,14 @@ def train(model: SaffuConfig, params: Params, train_stream: np.ndarray, config: 
         metrics_path.write_text("".join(line + "\n" for line in kept))
         seconds = json.loads(kept[-1])["seconds"] if kept else 0.0
     params, opt_state, start = state["params"], state["opt_state"], int(state["step"])
+    if mesh is not None:
+        if config.batch_size % mesh.devices.size:
+            raise SaffuError(f"--batch-size {config.batch_size} must be a multiple of the {mesh.devices.size} devices")
+        replicated, split = NamedSharding(mesh, PartitionSpec()), NamedSharding(mesh, PartitionSpec("data"))
+        params, opt_state = jax.device_put((params, opt_state), replicated)
+        put_batch = lambda array: jax.device_put(array, split)
+    else:
+        put_batch = jnp.asarray
 
     history: list[dict] = []
     skipped = 0
@@ -209,8 +233,8 @@ def train(model: SaffuConfig, params: Params, train_stream: np.ndarray, config: 
                      leave=False):
         windows, mask = schedule(step)
         tick = time.perf_counter()
-        params, opt_state, loss, finite = train_step(params, opt_state, jnp.asarray(step), jnp.asarray(windows),
-                                                     jnp.asarray(mask))
+        params, opt_state, loss, finite = train_step(params, opt_state, jnp.asarray(step), put_batch(windows),
+                                                     put_batch(mask))
         loss, finite = float(loss), bool(finite)  # synchronises, so the timing is honest
         seconds += time.perf_counter() - tick
         if not finite:

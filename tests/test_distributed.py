@@ -51,3 +51,21 @@ def test_two_processes_give_bit_identical_statistics(tiny_workdir, tmp_path):
     assert not (tmp_path / "multi1.json").exists()                                   # process 0 writes
     assert multi_metrics["dev_loss"] == single_metrics["dev_loss"]                   # same explicit model
     assert multi_metrics["beta"] == single_metrics["beta"]
+
+
+def test_data_parallel_training_follows_the_unsharded_trajectory(tiny_workdir, tmp_path):
+    import jax
+    from saffu.model import SaffuConfig, init_params
+    from saffu.training import TrainConfig, data_parallel_mesh, train
+    config = SaffuConfig(vocab_size=tiny_workdir.vocab_size, bits=16, radius=4)
+    settings = TrainConfig(steps=6, batch_size=4, seq_len=16, eval_every=2, seed=2)
+    runs = {}
+    for devices in (1, 4):
+        runs[devices] = train(config, init_params(config, jax.random.key(2)), tiny_workdir.tokens("train_10M"),
+                              settings, tmp_path / f"d{devices}", dev_stream=tiny_workdir.tokens("dev"),
+                              progress=False, mesh=data_parallel_mesh(devices))
+    (p1, h1), (p4, h4) = runs[1], runs[4]
+    np.testing.assert_allclose([r["train_loss"] for r in h1[1:]], [r["train_loss"] for r in h4[1:]], rtol=1e-5)
+    np.testing.assert_allclose([r["dev_loss"] for r in h1], [r["dev_loss"] for r in h4], rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p4)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)   # float32 reduction order
