@@ -247,14 +247,14 @@ def feature_target(feature_fn: Callable[[Batch], jax.Array], num_features: int,
     return Accumulator(radius, init, update, finalize)
 
 
-def local_mesh(num_devices: int | None = None) -> Mesh:
-    """A 1-D mesh over the first ``num_devices`` local devices (all by default)."""
+def local_mesh(num_devices: int | None = None, axis_name: str = _DEVICE_AXIS) -> Mesh:
+    """A 1-D mesh named ``axis_name`` over the first ``num_devices`` local devices (all by default)."""
     devices = jax.local_devices()
     if num_devices is not None:
         if not 1 <= num_devices <= len(devices):
             raise SaffuError(f"asked for {num_devices} devices, {len(devices)} are available")
         devices = devices[:num_devices]
-    return Mesh(np.asarray(devices), (_DEVICE_AXIS,))
+    return Mesh(np.asarray(devices), (axis_name,))
 
 
 def _windows(stream: np.ndarray, first_target: int, end: int, num_devices: int,

@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 from saffu._io import SaffuError
 from saffu.batches import shuffled_window_starts, window_at
 from saffu.model import Params, SaffuConfig, window_loss
+from saffu.statistics import local_mesh
 
 INITS = ("explicit", "random")
 
@@ -126,12 +127,7 @@ def _checkpoint_manager(directory: Path) -> ocp.CheckpointManager:
 
 def data_parallel_mesh(num_devices: int | None = None) -> Mesh:
     """A 1-D ``("data",)`` mesh over the first ``num_devices`` local devices (all by default)."""
-    devices = jax.local_devices()
-    if num_devices is not None:
-        if not 1 <= num_devices <= len(devices):
-            raise SaffuError(f"asked for {num_devices} devices, {len(devices)} are available")
-        devices = devices[:num_devices]
-    return Mesh(np.asarray(devices), ("data",))
+    return local_mesh(num_devices, axis_name="data")
 
 
 def train(model: SaffuConfig, params: Params, train_stream: np.ndarray, config: TrainConfig,
