@@ -285,6 +285,16 @@ def cmd_eval(args) -> dict:
     return metrics
 
 
+def cmd_blimp(args) -> dict:
+    """BLiMP accuracy of a run: overall, per field, per paradigm."""
+    from saffu.blimp import evaluate_blimp
+    workdir, config, params, which = _load_run(args)
+    metrics = {"checkpoint": which, **evaluate_blimp(params, config, workdir.tokenizer(), args.blimp,
+                                                      progress=not args.quiet)}
+    _print_metrics(f"BLiMP of {args.run} ({which})", metrics)
+    return metrics
+
+
 def cmd_generate(args) -> dict:
     import jax
     from saffu.runs import generate
@@ -412,6 +422,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_eval_flags(p)
     _add_common(p)
     p.set_defaults(run_command=cmd_eval)
+
+    p = sub.add_parser("blimp", help="BLiMP minimal-pair accuracy of a run")
+    p.add_argument("--workdir", type=Path, required=True)
+    p.add_argument("--run", type=Path, required=True)
+    p.add_argument("--blimp", type=Path, required=True, help="folder of BLiMP paradigm *.jsonl files")
+    p.add_argument("--checkpoint", choices=["latest", "explicit"], default="latest")
+    _add_common(p)
+    p.set_defaults(run_command=cmd_blimp)
 
     p = sub.add_parser("generate", help="sample documents from a run")
     p.add_argument("--workdir", type=Path, required=True)

@@ -204,15 +204,19 @@ def saffu_logits(params: Params, config: SaffuConfig, tokens: jax.Array) -> jax.
     return block_logits(params["blocks"][config.blocks - 1], config, X)
 
 
-def window_loss(params: Params, config: SaffuConfig, windows: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Summed NLL (nats) and target count of ``windows int32[B, R + T]`` whose first
-    ``R = config.context`` tokens are context only; ``mask bool[B, T]`` marks real targets."""
+def window_nll(params: Params, config: SaffuConfig, windows: jax.Array, mask: jax.Array) -> jax.Array:
+    """Per-target NLL (nats) ``float32[B, T]`` of ``windows int32[B, R + T]`` whose first
+    ``R = config.context`` tokens are context only; zero where ``mask bool[B, T]`` is False."""
     context = config.context
     logits = saffu_logits(params, config, windows)[:, context - 1:-1]
     targets = windows[:, context:]
     log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
-    return jnp.sum(nll * mask), jnp.sum(mask)
+    return -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0] * mask
+
+
+def window_loss(params: Params, config: SaffuConfig, windows: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Summed NLL (nats) and target count of :func:`window_nll`'s windows."""
+    return jnp.sum(window_nll(params, config, windows, mask)), jnp.sum(mask)
 
 
 def parameter_count(params: Params) -> int:

@@ -66,7 +66,7 @@ def test_metrics_json_to_unwritable_path_is_one_line(tmp_path, tiny_workdir, cap
     assert err.startswith("saffu: error: cannot write") and "\n" not in err
 
 
-@pytest.mark.parametrize("command", ["prepare", "stats", "download", "demo", "fit", "train", "eval", "generate"])
+@pytest.mark.parametrize("command", ["prepare", "stats", "download", "demo", "fit", "train", "eval", "generate", "blimp"])
 def test_every_command_has_help(command):
     out = subprocess.run([sys.executable, "-m", "saffu", command, "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "--metrics-json" in out.stdout
