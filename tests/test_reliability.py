@@ -67,6 +67,8 @@ def test_same_seed_same_statistics_weights_and_curve(tiny_workdir, tmp_path):
             np.testing.assert_array_equal(by_devices[0][name], other[name])
 
 
+# orbax's reader threads report the damage once more while shutting down; the test checks what users see
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_damaged_checkpoint_is_one_line_for_eval_and_resume(tiny_workdir, tmp_path, capsys):
     run = tmp_path / "run"
     args = ["--workdir", str(tiny_workdir.path), "--run", str(run), "--quiet"]
@@ -128,6 +130,7 @@ def test_statistics_rerun_is_a_clean_restart(tiny_workdir, tmp_path):
     assert not list(work.glob(".*.tmp"))                                    # no temp files left behind
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_resuming_with_another_model_shape_is_refused(tiny_workdir, tmp_path):
     from saffu import SaffuError
     stream = tiny_workdir.tokens("train_10M")
