@@ -21,8 +21,9 @@ def window_at(stream: np.ndarray, first_target: int, end: int, context: int, seq
     """The window whose targets start at ``first_target``: ``int32[R + T]`` and ``bool[T]``."""
     window = np.full(context + seq_len, PAD_ID, np.int32)
     lo, hi = max(first_target - context, 0), min(first_target + seq_len, end)
-    offset = lo - (first_target - context)
-    window[offset:offset + hi - lo] = stream[lo:hi]
+    if hi > lo:  # nothing to copy for a window wholly past the end (a padded device chunk)
+        offset = lo - (first_target - context)
+        window[offset:offset + hi - lo] = stream[lo:hi]
     mask = np.zeros(seq_len, bool)
     mask[:max(hi - first_target, 0)] = True
     return window, mask
@@ -47,7 +48,8 @@ def total_nll(loss_fn: Callable, stream: np.ndarray, begin: int, end: int, conte
     Returns ``(total NLL in nats, number of targets)``; sums are float64 on the host.
     """
     total, count = 0.0, 0
-    num_batches = -(-(-(-(end - begin) // seq_len)) // batch_size)
+    num_windows = -(-(end - begin) // seq_len)              # ceiling divisions
+    num_batches = -(-num_windows // batch_size)
     for windows, mask in tqdm(range_windows(stream, begin, end, context, seq_len, batch_size),
                               total=num_batches, desc=progress, disable=progress is None, leave=False):
         nll, n = loss_fn(jnp.asarray(windows), jnp.asarray(mask))
@@ -56,9 +58,9 @@ def total_nll(loss_fn: Callable, stream: np.ndarray, begin: int, end: int, conte
     return total, count
 
 
-def shuffled_window_starts(num_targets_begin: int, end: int, seq_len: int, key: jax.Array) -> np.ndarray:
+def shuffled_window_starts(begin: int, end: int, seq_len: int, key: jax.Array) -> np.ndarray:
     """Start positions of non-overlapping training windows over targets ``[begin, end)`` in a
     seeded random order (one epoch)."""
-    starts = np.arange(num_targets_begin, end, seq_len)
+    starts = np.arange(begin, end, seq_len)
     seed = np.asarray(jax.random.key_data(key)).ravel()
     return np.random.default_rng(seed).permutation(starts)

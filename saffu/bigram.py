@@ -25,7 +25,7 @@ import optax
 from tqdm.auto import tqdm
 
 from saffu import statistics
-from saffu.codes import CipherConfig, bit_cipher_codes, sparse_bit_cipher
+from saffu.codes import CipherConfig, bit_cipher_codes, code_background, sparse_bit_cipher
 from saffu.evaluation import pair_counts
 from saffu.explicit import Smoothing, calibrate_temperature, explicit_softmax_weights, unigram_prior
 from saffu.prepare import WorkDir
@@ -105,7 +105,6 @@ def fit_explicit_bigram(workdir: WorkDir, config: BigramConfig = BigramConfig(),
     cooccurrence = stats["cooccurrence"][0]                                    # [K, V]
     codes = bit_cipher_codes(vocab_size, config.cipher, workdir.token_counts())
     if config.cipher.background:
-        from saffu.codes import code_background
         cooccurrence = statistics.blend_background(
             stats["cooccurrence"], code_background(sparse, workdir.token_counts()),
             config.cipher.background)[0]

@@ -86,7 +86,7 @@ def cmd_stats(args) -> dict:
             raise SaffuError("--num-processes > 1 needs --coordinator HOST:PORT (process 0's address)")
         distributed.initialize(args.coordinator, args.num_processes, args.process_id)
         if args.process_id != 0:  # every process computes the same totals; process 0 writes them
-            args.metrics_json, args.save_to = None, False
+            args.metrics_json, args.write_outputs = None, False
     workdir = open_workdir(args.workdir)
     config = _bigram_config(args)
     start = time.perf_counter()
@@ -116,7 +116,7 @@ def cmd_stats(args) -> dict:
         buffer = io.BytesIO()
         np.savez(buffer, offset_cooccurrence=offsets["offset_cooccurrence"], unigram=offsets["unigram"],
                  bits=config.cipher.bits, radius=args.radius)
-        if args.save_to is not False:
+        if args.write_outputs:
             atomic_write_bytes(Path(args.workdir) / "statistics.npz", buffer.getvalue())
         metrics["offset_stats_seconds"] = offsets["seconds"]
         metrics["offset_stats_tokens_per_s"] = (len(workdir.tokens(workdir.train_split)) - 1) / offsets["seconds"]
@@ -370,7 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="processes (hosts) in a multi-process job; each streams its own documents")
     p.add_argument("--process-id", type=int, default=0, help="this process's index in [0, num-processes)")
     p.add_argument("--coordinator", help="HOST:PORT of process 0 (jax.distributed)")
-    p.set_defaults(save_to=True)
+    p.set_defaults(write_outputs=True)
     _add_model_flags(p)
     _add_common(p)
     p.set_defaults(run_command=cmd_stats)

@@ -28,6 +28,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tqdm.auto import tqdm
 
 from saffu._io import SaffuError
+from saffu.batches import window_at
 from saffu.codes import SparseCodes
 from saffu.tokenizer import EOD_ID, PAD_ID
 
@@ -259,17 +260,10 @@ def local_mesh(num_devices: int | None = None, axis_name: str = _DEVICE_AXIS) ->
 
 def _windows(stream: np.ndarray, first_target: int, end: int, num_devices: int,
              chunk_size: int, radius: int) -> tuple[np.ndarray, np.ndarray]:
-    """Host side of one step: ``int32[D, R + C]`` windows and ``bool[D, C]`` masks."""
-    windows = np.full((num_devices, radius + chunk_size), PAD_ID, np.int32)
-    masks = np.zeros((num_devices, chunk_size), bool)
-    for d in range(num_devices):
-        begin = first_target + d * chunk_size
-        lo, hi = max(begin - radius, 0), min(begin + chunk_size, end)
-        if hi > lo:
-            windows[d, lo - (begin - radius):hi - (begin - radius)] = stream[lo:hi]
-        if hi > begin:
-            masks[d, :hi - begin] = True
-    return windows, masks
+    """Host side of one step: ``int32[D, R + C]`` windows and ``bool[D, C]`` masks, device
+    ``d`` taking the ``d``-th chunk of ``C`` targets."""
+    rows = [window_at(stream, first_target + d * chunk_size, end, radius, chunk_size) for d in range(num_devices)]
+    return np.stack([w for w, _ in rows]), np.stack([m for _, m in rows])
 
 
 @functools.lru_cache(maxsize=32)
