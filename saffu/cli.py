@@ -179,6 +179,11 @@ def cmd_demo(args) -> dict:
 
 
 def _model_config(args, vocab_size: int):
+    if getattr(args, "model", "saffu") == "transformer":
+        from saffu.transformer import TransformerConfig
+        return TransformerConfig(vocab_size=vocab_size, width=args.width, layers=args.layers,
+                                 heads=args.attention_heads, mlp_ratio=args.mlp_ratio,
+                                 context_tokens=args.context, max_len=args.max_len)
     from saffu.model import SaffuConfig
     return SaffuConfig(vocab_size=vocab_size, bits=args.bits, radius=args.radius, heads=args.heads,
                        positions=args.positions, hidden=args.hidden, value_form=args.value_form,
@@ -222,7 +227,7 @@ def cmd_fit(args) -> dict:
 def cmd_train(args) -> dict:
     """Backprop from the explicit solution (warm) or from random init (cold)."""
     import jax
-    from saffu.model import init_params, parameter_count
+    from saffu.model import parameter_count
     from saffu.prepare import open_workdir
     from saffu.runs import load_explicit, load_run_config, save_run_config
     from saffu.training import TrainConfig, train
@@ -230,16 +235,20 @@ def cmd_train(args) -> dict:
     workdir = open_workdir(args.workdir)
     run = Path(args.run)
     if args.init == "explicit":
+        if args.model == "transformer":
+            raise SaffuError("a transformer has no explicit solution; use --init random")
         config = _check_vocabulary(load_run_config(run), workdir, run)
         params = load_explicit(run, config)
     else:
         config = (_check_vocabulary(load_run_config(run), workdir, run) if (run / "config.json").exists()
                   else _model_config(args, workdir.vocab_size))
-        workdir.check_radius(config.radius)
+        if config.kind == "saffu":
+            workdir.check_radius(config.radius)
         run.mkdir(parents=True, exist_ok=True)
         save_run_config(run, config, workdir)
-        params = init_params(config, jax.random.fold_in(jax.random.key(args.seed), 0))
-    workdir.check_radius(config.radius)  # also for explicit runs made from another work directory
+        params = config.init(jax.random.fold_in(jax.random.key(args.seed), 0))
+    if config.kind == "saffu":
+        workdir.check_radius(config.radius)  # also for explicit runs made from another work directory
     train_config = TrainConfig(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len,
                                learning_rate=args.learning_rate, warmup_steps=args.warmup_steps,
                                weight_decay=args.weight_decay, adam_eps=args.adam_eps,
@@ -253,9 +262,12 @@ def cmd_train(args) -> dict:
     mesh = data_parallel_mesh(args.devices or None) if args.devices != 1 else None
     params, history = train(config, params, workdir.tokens(workdir.train_split), train_config, run,
                             dev_stream=dev, on_eval=show, progress=not args.quiet, mesh=mesh)
-    metrics = {"init": args.init, "params": parameter_count(params), "steps": history[-1]["step"] if history else 0}
+    metrics = {"model": config.kind, "init": args.init, "params": parameter_count(params),
+               "steps": history[-1]["step"] if history else 0}
     if history:
-        metrics.update(train_seconds=history[-1]["seconds"], tokens_per_s=history[-1]["tokens_per_s"])
+        metrics.update({key: history[-1][key] for key in ("seconds", "tokens", "tokens_per_s", "flops",
+                                                          "xla_flops", "peak_rss_mb") if key in history[-1]})
+        metrics["train_seconds"] = metrics.pop("seconds")
     metrics.update(_score_splits(params, config, workdir, args))
     _print_metrics(f"{args.init}-init training of {run}", metrics)
     return metrics
@@ -292,6 +304,48 @@ def cmd_blimp(args) -> dict:
     metrics = {"checkpoint": which, **evaluate_blimp(params, config, workdir.tokenizer(), args.blimp,
                                                       progress=not args.quiet)}
     _print_metrics(f"BLiMP of {args.run} ({which})", metrics)
+    return metrics
+
+
+def cmd_ngram(args) -> dict:
+    """Interpolated modified Kneser-Ney from the engine's n-gram counts: dev figures, ARPA file,
+    BLiMP."""
+    from saffu import accounting, kneser_ney
+    from saffu.evaluation import split_metrics
+    from saffu.prepare import open_workdir
+    if not 1 <= args.order <= 9:
+        raise SaffuError(f"--order must be between 1 and 9, got {args.order}")
+    workdir = open_workdir(args.workdir)
+    train_stream = workdir.tokens(workdir.train_split)
+    start = time.perf_counter()
+    model = kneser_ney.fit_kneser_ney(train_stream, args.order, vocab_size=workdir.vocab_size,
+                                      progress=None if args.quiet else "count n-grams")
+    fit_seconds = time.perf_counter() - start
+    entries = model.num_ngrams()
+    metrics = {"order": args.order, "fit_seconds": fit_seconds, "tokens_per_s": (len(train_stream) - 1) / fit_seconds,
+               # one probability per n-gram and one backoff weight per n-gram below the top order
+               "params": int(sum(entries) + sum(entries[:-1])),
+               **{f"ngrams_{k}": n for k, n in enumerate(entries, 1)}}
+    for split in _eval_splits(workdir):
+        stream = workdir.tokens(split)
+        tick = time.perf_counter()
+        scores = kneser_ney.log_probs(model, stream, 1, len(stream), progress=None if args.quiet else f"score {split}")
+        metrics.update(split_metrics(-float(scores.sum()), workdir.split_info(split), f"{split}_"))
+        metrics[f"{split}_score_seconds"] = time.perf_counter() - tick
+    if args.arpa:
+        tick = time.perf_counter()
+        kneser_ney.write_arpa(model, args.arpa)
+        metrics.update(arpa=str(args.arpa), arpa_seconds=time.perf_counter() - tick)
+    if args.blimp:
+        from saffu.blimp import blimp_accuracy, load_blimp
+        pairs = load_blimp(args.blimp)
+        tokenizer = workdir.tokenizer()
+        encode = lambda texts: [e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
+        good = kneser_ney.sentence_log_probs(model, encode([p.good for p in pairs]))
+        bad = kneser_ney.sentence_log_probs(model, encode([p.bad for p in pairs]))
+        metrics.update(blimp_accuracy(pairs, good, bad))
+    metrics.update(accounting.memory_record())
+    _print_metrics(f"Kneser-Ney {args.order}-gram on {workdir.meta['corpus']}", metrics)
     return metrics
 
 
@@ -392,7 +446,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workdir", type=Path, required=True)
     p.add_argument("--run", type=Path, required=True)
     p.add_argument("--init", choices=["explicit", "random"], required=True)
+    p.add_argument("--model", choices=["saffu", "transformer"], default="saffu",
+                   help="architecture of a new random-init run (an existing run keeps its own)")
     _add_architecture_flags(p)
+    t = p.add_argument_group("transformer (with --model transformer)")
+    t.add_argument("--width", type=int, default=128, help="model width d")
+    t.add_argument("--layers", type=int, default=5, help="transformer blocks")
+    t.add_argument("--attention-heads", type=int, default=4)
+    t.add_argument("--mlp-ratio", type=int, default=4, help="MLP hidden width = ratio · d")
+    t.add_argument("--context", type=int, default=32, help="left-context tokens before each window's targets")
+    t.add_argument("--max-len", type=int, default=512, help="longest window (learned positions)")
     p.add_argument("--bits", type=int, default=128)
     p.add_argument("--steps", type=int, default=0, help="0: one epoch")
     p.add_argument("--batch-size", type=int, default=16, help="windows per step")
@@ -430,6 +493,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", choices=["latest", "explicit"], default="latest")
     _add_common(p)
     p.set_defaults(run_command=cmd_blimp)
+
+    p = sub.add_parser("ngram", help="Kneser-Ney n-gram baseline from the engine's counts (+ ARPA, BLiMP)",
+                       description="Count n-grams of the training split (documents never crossed), estimate "
+                                   "interpolated modified Kneser-Ney, score every other split, optionally "
+                                   "write the ARPA file (kenlm loads it) and score BLiMP.")
+    p.add_argument("--workdir", type=Path, required=True)
+    p.add_argument("--order", type=int, default=5)
+    p.add_argument("--arpa", type=Path, help="write the model as an ARPA file here")
+    p.add_argument("--blimp", type=Path, help="folder of BLiMP paradigm *.jsonl files")
+    _add_common(p)
+    p.set_defaults(run_command=cmd_ngram)
 
     p = sub.add_parser("generate", help="sample documents from a run")
     p.add_argument("--workdir", type=Path, required=True)

@@ -63,6 +63,7 @@ class SaffuConfig:
     hidden: int = 0
     value_form: str = "linear"
     blocks: int = 1
+    kind: str = "saffu"
 
     def __post_init__(self):
         if self.bits < min_bits(self.vocab_size):
@@ -91,6 +92,31 @@ class SaffuConfig:
     def context(self) -> int:
         """Tokens of left context a prediction can depend on (``L · M``)."""
         return self.blocks * self.radius
+
+    # the model interface the trainer, evaluation and BLiMP use (shared with the transformer)
+    @property
+    def eval_seq_len(self) -> int:
+        """Targets per evaluation window."""
+        return 256
+
+    def init(self, key: jax.Array) -> "Params":
+        """Random init (cold start), see :func:`init_params`."""
+        return init_params(self, key)
+
+    def logits(self, params: "Params", tokens: jax.Array) -> jax.Array:
+        """:func:`saffu_logits`: ``int32[B, S]`` -> ``float32[B, S, V]``."""
+        return saffu_logits(params, self, tokens)
+
+    def forward_flops(self, seq_len: int = 0) -> float:
+        """Analytic forward FLOPs per predicted token (2 per multiply-add): per block the
+        attention similarities, scores and values of every head, the output layer, and for
+        every block below the top the expected next code ``softmax(logits) · C``. Softmaxes
+        and lookups are omitted; ``seq_len`` is unused (the cost does not grow with it)."""
+        K, V = self.dim, self.vocab_size
+        attention = sum(2 * (2 * self.head_radius(h) * K + self.head_radius(h) ** 2) for h in range(self.heads))
+        output = 2 * self.groups * K * V if self.hidden == 0 else 2 * ((self.heads + 1) * K * self.hidden
+                                                                       + self.hidden * V)
+        return float(self.blocks * (attention + output) + (self.blocks - 1) * 2 * V * K)
 
 
 @functools.lru_cache(maxsize=8)
@@ -204,17 +230,18 @@ def saffu_logits(params: Params, config: SaffuConfig, tokens: jax.Array) -> jax.
     return block_logits(params["blocks"][config.blocks - 1], config, X)
 
 
-def window_nll(params: Params, config: SaffuConfig, windows: jax.Array, mask: jax.Array) -> jax.Array:
+def window_nll(params: Params, config, windows: jax.Array, mask: jax.Array) -> jax.Array:
     """Per-target NLL (nats) ``float32[B, T]`` of ``windows int32[B, R + T]`` whose first
-    ``R = config.context`` tokens are context only; zero where ``mask bool[B, T]`` is False."""
+    ``R = config.context`` tokens are context only; zero where ``mask bool[B, T]`` is False.
+    ``config`` is any model config (:class:`SaffuConfig`, the transformer's)."""
     context = config.context
-    logits = saffu_logits(params, config, windows)[:, context - 1:-1]
+    logits = config.logits(params, windows)[:, context - 1:-1]
     targets = windows[:, context:]
     log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     return -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0] * mask
 
 
-def window_loss(params: Params, config: SaffuConfig, windows: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+def window_loss(params: Params, config, windows: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Summed NLL (nats) and target count of :func:`window_nll`'s windows."""
     return jnp.sum(window_nll(params, config, windows, mask)), jnp.sum(mask)
 

@@ -1,4 +1,5 @@
-"""Run directories, explicit checkpoints, evaluation and sampling for SAFFU models.
+"""Run directories, explicit checkpoints, evaluation and sampling for SAFFU models (and the
+transformer baseline, which shares the model interface).
 
 A run directory holds ``config.json`` (the model), ``explicit/`` (the explicit solution, if
 fitted), ``checkpoints/`` and ``metrics.jsonl`` (if trained).
@@ -18,7 +19,7 @@ import orbax.checkpoint as ocp
 from saffu._io import SaffuError, atomic_write_json
 from saffu.batches import total_nll
 from saffu.evaluation import split_metrics
-from saffu.model import Params, SaffuConfig, init_params, saffu_logits, window_loss
+from saffu.model import Params, SaffuConfig, window_loss
 from saffu.prepare import WorkDir
 from saffu.tokenizer import EOD_ID, PAD_ID, decode
 from saffu.training import load_latest_params, retype
@@ -31,13 +32,25 @@ def save_run_config(run_dir: str | Path, config: SaffuConfig, workdir: WorkDir) 
                                                       "corpus": workdir.meta["corpus"]})
 
 
-def load_run_config(run_dir: str | Path) -> SaffuConfig:
+def model_config(fields: dict):
+    """A model config from its ``dataclasses.asdict`` form: :class:`SaffuConfig` or, with
+    ``kind = "transformer"``, :class:`saffu.transformer.TransformerConfig`."""
+    from saffu.transformer import TransformerConfig
+    kinds = {"saffu": SaffuConfig, "transformer": TransformerConfig}
+    kind = fields.get("kind", "saffu")
+    if kind not in kinds:
+        raise SaffuError(f"unknown model kind {kind!r}; this saffu knows {', '.join(kinds)}")
+    return kinds[kind](**fields)
+
+
+def load_run_config(run_dir: str | Path):
+    """The model config of a run directory (SAFFU or transformer)."""
     path = Path(run_dir) / "config.json"
     if not path.is_file():
         raise SaffuError(f"{run_dir} is not a saffu run (no config.json); create it with `saffu fit` "
                          f"or `saffu train --init random`")
     try:
-        return SaffuConfig(**json.loads(path.read_text())["model"])
+        return model_config(json.loads(path.read_text())["model"])
     except (ValueError, KeyError, TypeError) as err:
         raise SaffuError(f"{path} is unreadable ({err}); remove the run directory and start again") from None
 
@@ -51,9 +64,12 @@ def save_explicit(run_dir: str | Path, params: Params) -> None:
 
 def load_explicit(run_dir: str | Path, config: SaffuConfig) -> Params:
     path = (Path(run_dir) / "explicit").resolve()
+    if config.kind != "saffu":
+        raise SaffuError(f"{run_dir} holds a {config.kind}, which has no explicit solution; it has no "
+                         f"checkpoint yet: train it with `saffu train --run {run_dir}`")
     if not path.exists():
         raise SaffuError(f"{run_dir} has no explicit solution; run `saffu fit --run {run_dir}` first")
-    template = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
+    template = jax.eval_shape(lambda: config.init(jax.random.key(0)))
     try:
         with ocp.StandardCheckpointer() as checkpointer:
             restored = checkpointer.restore(path)
@@ -66,7 +82,7 @@ def load_params(run_dir: str | Path, config: SaffuConfig, which: str = "latest")
     """``which="latest"``: the last training checkpoint, else the explicit solution;
     ``which="explicit"``: the explicit solution. Returns the params and what was loaded."""
     if which == "latest":
-        template = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
+        template = jax.eval_shape(lambda: config.init(jax.random.key(0)))
         latest = load_latest_params(run_dir, template)
         if latest is not None:
             return latest[0], f"checkpoint step {latest[1]}"
@@ -80,7 +96,7 @@ def evaluate_split(params: Params, config: SaffuConfig, workdir: WorkDir, split:
     stream = workdir.tokens(split)
     loss = jax.jit(lambda w, m: window_loss(params, config, w, m))
     end = len(stream) if not max_tokens else min(len(stream), 1 + max_tokens)
-    nll, count = total_nll(loss, stream, 1, end, config.context,
+    nll, count = total_nll(loss, stream, 1, end, config.context, config.eval_seq_len,
                            progress=f"eval {split}" if progress else None)
     prefix = f"{split}_" if prefix is None else prefix
     if end == len(stream):
@@ -98,7 +114,7 @@ def generate(params: Params, config: SaffuConfig, tokenizer, key: jax.Array, num
 
     @jax.jit
     def sample(windows, key):
-        logits = saffu_logits(params, config, windows)[:, -1] / temperature
+        logits = config.logits(params, windows)[:, -1] / temperature
         if top_k:
             threshold = jax.lax.top_k(logits, top_k)[0][:, -1:]
             logits = jnp.where(logits < threshold, -jnp.inf, logits)

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 import scipy.optimize
 
-from saffu import statistics
+from saffu import accounting, statistics
 from saffu._io import SaffuError
 from saffu.batches import range_windows
 from saffu.codes import sparse_bit_cipher
@@ -79,8 +79,45 @@ def solve_explicit(workdir: WorkDir, config: SaffuConfig, solver: SolverConfig =
     """Explicit parameters of ``config`` from the training split of ``workdir``.
 
     Returns the params dict (exactly the structure of :func:`saffu.model.init_params`) and a
-    report with the seconds of every stage, the calibrated temperatures and the holdout loss.
+    report with the seconds of every stage, the calibrated temperatures, the holdout loss and
+    the compute: ``seconds``, ``tokens_per_s`` (counted tokens per second), ``xla_flops``
+    (XLA's count over every streaming pass and calibration step; XLA counts no FLOPs for the
+    scatter-adds of counting), ``flops`` (:func:`analytic_solve_flops`) and ``peak_rss_mb``.
     """
+    with accounting.flop_ledger() as ledger:
+        params, report = _solve(workdir, config, solver, mesh, progress)
+    report["flops"] = analytic_solve_flops(config, report)
+    report["xla_flops"] = ledger.total if ledger.complete else None
+    report["tokens_per_s"] = report["counted_tokens"] / report["seconds"]
+    report.update(accounting.memory_record())
+    return params, report
+
+
+def analytic_solve_flops(config: SaffuConfig, report: dict[str, Any]) -> float:
+    """Analytic operation count of a solve (2 per multiply-add, 1 per count increment).
+
+    Per counted token and block: the positional counts (``M·K`` increments, dense-code
+    equivalent), the attention pass (every head's similarities and scores, the responsibilities
+    ``X · log P[:, y]`` and the ``sᵀq`` outer product), the value pass (the attention forward and
+    the value counts) and, for the chain, the hidden-layer pass. Per calibration evaluation and
+    holdout token: a forward pass plus the gradient and Hessian over the groups (direct form:
+    ``2·G²·V``) or a backward pass (chain: two more forward passes).
+    """
+    K, M, V, H = config.dim, config.radius, config.vocab_size, config.heads
+    radii = [config.head_radius(h) for h in range(H)]
+    attention_forward = sum(2 * (2 * m * K + m * m) for m in radii)
+    per_token = (M * K                                                  # positional counts
+                 + attention_forward + 2 * M * K + sum(m * m for m in radii)   # attention stage
+                 + attention_forward + config.groups * K)                # value stage
+    if config.hidden:
+        per_token += 2 * (H + 1) * K * config.hidden + config.hidden + K * K
+    evaluation = config.forward_flops() + (2 * config.groups ** 2 * V if config.hidden == 0
+                                           else 2 * config.forward_flops())
+    return float(config.blocks * per_token * report["counted_tokens"]
+                 + report["calibration_evaluations"] * report["holdout_tokens"] * evaluation)
+
+
+def _solve(workdir, config, solver, mesh, progress):
     if config.vocab_size != workdir.vocab_size:
         raise SaffuError(f"model vocabulary {config.vocab_size} differs from the work directory's "
                          f"{workdir.vocab_size}; use --vocab-size {workdir.vocab_size}")
@@ -96,13 +133,15 @@ def solve_explicit(workdir: WorkDir, config: SaffuConfig, solver: SolverConfig =
     codes = np.asarray(cipher_table(config))
     template = init_params(config, jax.random.key(0))
     solved: Params = {"blocks": {}}
-    report: dict[str, Any] = {"counted_tokens": counted_end - 1, "holdout_tokens": holdout}
+    report: dict[str, Any] = {"counted_tokens": counted_end - 1, "holdout_tokens": holdout, "streaming_passes": 0,
+                              "calibration_evaluations": 0}
 
     def run(accumulators, label):
         tick = time.perf_counter()
         out = statistics.accumulate(stream, accumulators, end=counted_end, chunk_size=solver.chunk_size,
                                     mesh=mesh, progress=label if progress else None)
         report[f"seconds_{label}"] = time.perf_counter() - tick
+        report["streaming_passes"] += 1
         return out
 
     for index in range(config.blocks):
@@ -177,8 +216,9 @@ def solve_explicit(workdir: WorkDir, config: SaffuConfig, solver: SolverConfig =
 
         # Stage 4: temperatures on the holdout.
         tick = time.perf_counter()
-        temperatures, holdout_loss = _calibrate(solved, block, index, config, stream, counted_end,
-                                                solver) if holdout else (None, float("nan"))
+        temperatures, holdout_loss, evaluations = _calibrate(solved, block, index, config, stream, counted_end,
+                                                             solver) if holdout else (None, float("nan"), 0)
+        report["calibration_evaluations"] += evaluations
         solved["blocks"][index] = _scaled(block, config, temperatures)
         report[f"seconds_{tag}_calibration"] = time.perf_counter() - tick
         report[f"{tag}_holdout_loss"] = holdout_loss
@@ -223,10 +263,12 @@ def _calibrate(solved, block, index, config, stream, counted_end, solver):
             return jax.lax.scan(step, jnp.zeros(()), (windows, masks))[0] / count
         return jax.value_and_grad(loss)(temperatures)
 
-    fun = lambda t: tuple(np.asarray(x, np.float64) for x in loss_and_grad(jnp.asarray(t, jnp.float32)))
+    compiled = loss_and_grad.lower(jnp.ones(2, jnp.float32)).compile()
+    fun = lambda t: tuple(np.asarray(x, np.float64) for x in compiled(jnp.asarray(t, jnp.float32)))
     result = scipy.optimize.minimize(fun, np.ones(2), jac=True, method="L-BFGS-B", bounds=[(0.0, 5.0)] * 2,
                                      options={"maxiter": solver.calibration_iterations})
-    return jnp.asarray(result.x, jnp.float32), float(result.fun)
+    accounting.record("calibration", compiled, result.nfev)
+    return jnp.asarray(result.x, jnp.float32), float(result.fun), int(result.nfev)
 
 
 def _newton_direct(solved, block, index, config, windows, masks, count, solver):
@@ -262,15 +304,19 @@ def _newton_direct(solved, block, index, config, windows, masks, count, solver):
         return jax.lax.scan(one, init, (windows, masks))[0]
 
     beta = np.ones(config.groups)
+    compiled = loss_gradient_hessian.lower(jnp.asarray(beta, jnp.float32)).compile()
+    evaluations = 0
     for _ in range(solver.calibration_iterations):
-        loss, grad, hess = (np.asarray(x, np.float64) for x in loss_gradient_hessian(jnp.asarray(beta, jnp.float32)))
+        loss, grad, hess = (np.asarray(x, np.float64) for x in compiled(jnp.asarray(beta, jnp.float32)))
+        evaluations += 1
         step = np.linalg.solve(hess + 1e-6 * count * np.eye(len(beta)), grad)
         new_beta = np.clip(beta - step, 0.0, 5.0)
         converged = np.abs(new_beta - beta).max() < 1e-3
         beta = new_beta
         if converged:  # the loss changes by O(step²): the last evaluation stands for the final β
             break
-    return jnp.asarray(beta, jnp.float32), float(loss) / count
+    accounting.record("calibration", compiled, evaluations)
+    return jnp.asarray(beta, jnp.float32), float(loss) / count, evaluations
 
 
 def _check_structure(solved: Params, template: Params) -> None:

@@ -27,6 +27,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tqdm.auto import tqdm
 
+from saffu import accounting
 from saffu._io import SaffuError
 from saffu.batches import window_at
 from saffu.codes import SparseCodes
@@ -330,11 +331,16 @@ def _accumulate_local(stream, accumulators, begin, end, chunk_size, mesh, progre
     states = [jax.device_put(jnp.stack([accumulators[n].init()] * num_devices), sharded)
               for n in names]
     per_step = num_devices * chunk_size
+    compiled = None
     with tqdm(total=end - begin, unit="tok", unit_scale=True, desc=progress,
               disable=progress is None, leave=False) as bar:
         for first in range(begin, end, per_step):
             windows, masks = _windows(stream, first, end, num_devices, chunk_size, radius)
-            states = step(states, jax.device_put(windows, sharded), jax.device_put(masks, sharded))
+            windows, masks = jax.device_put(windows, sharded), jax.device_put(masks, sharded)
+            if compiled is None:   # ahead-of-time, so XLA's FLOP count comes with the one compilation
+                compiled = step.lower(states, windows, masks).compile()
+                accounting.record("statistics", compiled, -(-(end - begin) // per_step))
+            states = compiled(states, windows, masks)
             bar.update(min(per_step, end - first))
     # Adding the device states on the devices is exact: capacity bounds every cell's total.
     if num_devices == 1:

@@ -25,6 +25,7 @@ import orbax.checkpoint as ocp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tqdm.auto import tqdm
 
+from saffu import accounting
 from saffu._io import SaffuError
 from saffu.batches import shuffled_window_starts, window_at
 from saffu.model import Params, SaffuConfig, window_loss
@@ -130,16 +131,20 @@ def data_parallel_mesh(num_devices: int | None = None) -> Mesh:
     return local_mesh(num_devices, axis_name="data")
 
 
-def train(model: SaffuConfig, params: Params, train_stream: np.ndarray, config: TrainConfig,
+def train(model, params: Params, train_stream: np.ndarray, config: TrainConfig,
           run_dir: str | Path, dev_stream: np.ndarray | None = None,
           on_eval: Callable[[dict], None] | None = None, progress: bool = True,
           mesh: Mesh | None = None) -> tuple[Params, list[dict]]:
-    """Train ``params`` (explicit or random init) and checkpoint into ``run_dir/checkpoints``.
+    """Train ``params`` (explicit or random init) of ``model`` — a :class:`SaffuConfig` or
+    any config with the same interface (``context``, ``logits``, ``forward_flops``, e.g. the
+    transformer's) — and checkpoint into ``run_dir/checkpoints``.
 
     If ``run_dir`` already holds checkpoints of this run, training resumes from the latest
     one. Each evaluation appends one JSON line to ``run_dir/metrics.jsonl`` with ``step``,
-    ``tokens``, ``seconds`` (training time, evaluation excluded), ``tokens_per_s``,
-    ``train_loss``, ``dev_loss`` (nats/token on the evenly spaced dev windows) and
+    ``tokens``, ``seconds`` (training time, evaluation excluded), ``tokens_per_s``, ``flops``
+    (analytic: 3 × the model's forward FLOPs per trained token), ``xla_flops`` (XLA's count of
+    one compiled step × steps; None where the backend has no cost analysis), ``peak_rss_mb``
+    (and ``device_peak_mb`` on accelerators), ``train_loss``, ``dev_loss`` (nats/token on the evenly spaced dev windows) and
     ``skipped_steps`` (non-finite steps skipped by this call, with ``on_nonfinite="skip"``).
 
     With a ``mesh`` (see :func:`data_parallel_mesh`) each batch is split over its ``"data"``
@@ -207,13 +212,23 @@ def train(model: SaffuConfig, params: Params, train_stream: np.ndarray, config: 
 
     history: list[dict] = []
     skipped = 0
+    tokens_per_step = config.batch_size * config.seq_len
+    # ahead-of-time compilation: XLA's FLOP count of one step comes with the one compilation
+    first_windows, first_mask = schedule(min(start, steps - 1))
+    compiled_step = train_step.lower(params, opt_state, jnp.asarray(start), put_batch(first_windows),
+                                     put_batch(first_mask)).compile()
+    step_xla_flops = accounting.xla_flops(compiled_step)
+    step_flops = accounting.training_flops(model, tokens_per_step, config.seq_len)
 
     def evaluate(step, recent):
         if eval_batch is None:
             return
-        record = {"step": step, "tokens": step * config.batch_size * config.seq_len, "seconds": seconds,
-                  "tokens_per_s": (step - start) * config.batch_size * config.seq_len / max(seconds, 1e-9)
+        record = {"step": step, "tokens": step * tokens_per_step, "seconds": seconds,
+                  "tokens_per_s": (step - start) * tokens_per_step / max(seconds, 1e-9)
                   if step > start else math.nan,
+                  "flops": step * step_flops,
+                  "xla_flops": None if step_xla_flops is None else step * step_xla_flops,
+                  **accounting.memory_record(),
                   "train_loss": float(np.mean(recent)) if recent else math.nan, "dev_loss": dev_loss(params),
                   "skipped_steps": skipped}
         history.append(record)
@@ -229,8 +244,8 @@ def train(model: SaffuConfig, params: Params, train_stream: np.ndarray, config: 
                      leave=False):
         windows, mask = schedule(step)
         tick = time.perf_counter()
-        params, opt_state, loss, finite = train_step(params, opt_state, jnp.asarray(step), put_batch(windows),
-                                                     put_batch(mask))
+        params, opt_state, loss, finite = compiled_step(params, opt_state, jnp.asarray(step), put_batch(windows),
+                                                        put_batch(mask))
         loss, finite = float(loss), bool(finite)  # synchronises, so the timing is honest
         seconds += time.perf_counter() - tick
         if not finite:

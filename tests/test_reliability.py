@@ -56,7 +56,7 @@ def test_same_seed_same_statistics_weights_and_curve(tiny_workdir, tmp_path):
     settings_ = TrainConfig(steps=8, batch_size=2, seq_len=16, eval_every=2, seed=11)
     runs = [train(config, init_params(config, jax.random.key(11)), tiny_workdir.tokens("train_10M"), settings_,
                   tmp_path / f"r{i}", dev_stream=tiny_workdir.tokens("dev"), progress=False) for i in range(2)]
-    strip = lambda h: [{k: v for k, v in r.items() if k not in ("seconds", "tokens_per_s")} for r in h]
+    strip = lambda h: [{k: v for k, v in r.items() if k not in ("seconds", "tokens_per_s", "peak_rss_mb")} for r in h]
     assert strip(runs[0][1]) == strip(runs[1][1])
     stream = tiny_workdir.tokens("train_10M")
     acc = {"u": unigram_counts(config.vocab_size),

@@ -1,0 +1,174 @@
+"""The baseline: a standard decoder-only transformer in flax NNX (pre-norm, learned absolute
+positions, GELU MLP, untied output layer), trained by the same trainer on the same windows.
+
+It speaks the same model interface as :class:`saffu.model.SaffuConfig`, so
+:func:`saffu.training.train`, evaluation, sampling and BLiMP scoring take either:
+
+* ``config.context`` — tokens of left context before the targets of a window,
+* ``config.init(key) -> params`` — a nested dict of arrays (random init),
+* ``config.logits(params, tokens int32[B, S]) -> float32[B, S, V]``,
+* ``config.forward_flops(seq_len) -> float`` — analytic forward FLOPs per predicted token.
+
+Attention is causal and never crosses an ``<eod>``: position ``p`` sees ``q ≤ p`` iff no
+``<eod>`` lies in ``(q, p]`` (as the SAFFU windows do), so a window that starts inside an
+earlier document, or ``<pad>`` before a document, is invisible.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from saffu._io import SaffuError
+from saffu.tokenizer import EOD_ID
+
+Params = dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+    """Architecture of the baseline.
+
+    Attributes:
+      vocab_size: ``V``.
+      width: model width ``d``.
+      layers: transformer blocks.
+      heads: attention heads (``d`` must divide by it).
+      mlp_ratio: MLP hidden width ``= mlp_ratio · d``.
+      context_tokens: left context before a window's targets (``context``).
+      max_len: longest window ``context + seq_len`` the learned positions cover.
+    """
+
+    vocab_size: int
+    width: int = 128
+    layers: int = 4
+    heads: int = 4
+    mlp_ratio: int = 4
+    context_tokens: int = 32
+    max_len: int = 512
+    kind: str = "transformer"
+
+    def __post_init__(self):
+        if min(self.width, self.layers, self.heads, self.mlp_ratio, self.max_len) < 1 or self.context_tokens < 1:
+            raise SaffuError("transformer width, layers, heads, mlp_ratio, max_len and context must be ≥ 1")
+        if self.width % self.heads:
+            raise SaffuError(f"--width {self.width} must be a multiple of --heads {self.heads}")
+        if self.context_tokens >= self.max_len:
+            raise SaffuError(f"context {self.context_tokens} must be shorter than max_len {self.max_len}")
+
+    @property
+    def context(self) -> int:
+        return self.context_tokens
+
+    @property
+    def eval_seq_len(self) -> int:
+        """Targets per evaluation window: 256, or fewer so the window fits ``max_len``."""
+        return min(256, self.max_len - self.context)
+
+    def init(self, key: jax.Array) -> Params:
+        """Random init as a pure params dict (flax's default initialisers)."""
+        return transformer_init(self, key)
+
+    def logits(self, params: Params, tokens: jax.Array) -> jax.Array:
+        return transformer_logits(params, self, tokens)
+
+    def forward_flops(self, seq_len: int) -> float:
+        """Analytic forward FLOPs per predicted token (2 per multiply-add) at window length
+        ``context + seq_len``: the dense layers, attention scores and mixing over the average
+        visible length, and the output layer. Embedding lookups, norms and softmaxes are omitted."""
+        d, V, L = self.width, self.vocab_size, self.layers
+        mean_visible = (self.context + seq_len + 1) / 2
+        dense = L * (4 * d * d + 2 * self.mlp_ratio * d * d)
+        attention = L * 2 * mean_visible * d
+        return 2.0 * (dense + attention + d * V)
+
+
+class Block(nnx.Module):
+    """Pre-norm block: ``x + attn(LN(x))``, then ``x + MLP(LN(x))``."""
+
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+        d = config.width
+        self.attention_norm = nnx.LayerNorm(d, rngs=rngs)
+        self.attention = nnx.MultiHeadAttention(num_heads=config.heads, in_features=d, decode=False, rngs=rngs)
+        self.mlp_norm = nnx.LayerNorm(d, rngs=rngs)
+        self.mlp_in = nnx.Linear(d, config.mlp_ratio * d, rngs=rngs)
+        self.mlp_out = nnx.Linear(config.mlp_ratio * d, d, rngs=rngs)
+
+    def __call__(self, x: jax.Array, mask: jax.Array) -> jax.Array:
+        x = x + self.attention(self.attention_norm(x), mask=mask)
+        return x + self.mlp_out(jax.nn.gelu(self.mlp_in(self.mlp_norm(x))))
+
+
+class Transformer(nnx.Module):
+    """``model(tokens int32[B, S]) -> logits float32[B, S, V]`` (position ``p`` predicts ``p + 1``)."""
+
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        self.embed = nnx.Embed(config.vocab_size, config.width, rngs=rngs)
+        self.positions = nnx.Param(0.02 * jax.random.normal(rngs.params(), (config.max_len, config.width)))
+        self.blocks = nnx.List([Block(config, rngs=rngs) for _ in range(config.layers)])
+        self.final_norm = nnx.LayerNorm(config.width, rngs=rngs)
+        self.output = nnx.Linear(config.width, config.vocab_size, rngs=rngs)
+
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        length = tokens.shape[1]
+        if length > self.config.max_len:
+            raise SaffuError(f"window of {length} tokens is longer than the transformer's max_len "
+                             f"{self.config.max_len}; use a shorter --seq-len or a larger --max-len")
+        x = self.embed(tokens) + self.positions[...][None, :length]
+        mask = document_causal_mask(tokens)
+        for block in self.blocks:
+            x = block(x, mask)
+        return self.output(self.final_norm(x))
+
+
+def document_causal_mask(tokens: jax.Array) -> jax.Array:
+    """``bool[B, 1, S, S]``: query ``p`` sees key ``q`` iff ``q ≤ p`` and no ``<eod>`` lies in ``(q, p]``."""
+    boundaries = jnp.cumsum(tokens == EOD_ID, axis=1)                                  # [B, S]
+    same = boundaries[:, :, None] == boundaries[:, None, :]
+    causal = jnp.tril(jnp.ones((tokens.shape[1],) * 2, bool))
+    return (same & causal[None])[:, None]
+
+
+@functools.lru_cache(maxsize=16)
+def _graph(config: TransformerConfig):
+    abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+    return nnx.split(abstract, nnx.Param)
+
+
+def transformer_init(config: TransformerConfig, key: jax.Array) -> Params:
+    """Random init (flax's initialisers, seeded by ``key``) as a pure nested dict."""
+    model = Transformer(config, rngs=nnx.Rngs(params=key))
+    return nnx.to_pure_dict(nnx.state(model, nnx.Param))
+
+
+def transformer_logits(params: Params, config: TransformerConfig, tokens: jax.Array) -> jax.Array:
+    """Next-token logits ``float32[B, S, V]`` of ``tokens int32[B, S]`` with the params dict."""
+    graphdef, template = _graph(config)
+    state = jax.tree.map(lambda x: x, template)          # a fresh State to fill
+    nnx.replace_by_pure_dict(state, params)
+    return nnx.merge(graphdef, state)(tokens)
+
+
+def sized_like(vocab_size: int, target_params: int, width: int = 128, heads: int = 4,
+               context_tokens: int = 32, max_len: int = 512) -> TransformerConfig:
+    """The config of width ``width`` whose layer count brings its parameter count nearest to
+    ``target_params`` (at least one layer)."""
+    def count(layers):
+        config = TransformerConfig(vocab_size, width, layers, heads, context_tokens=context_tokens, max_len=max_len)
+        return parameter_count_of(config), config
+    per_layer = count(2)[0] - count(1)[0]
+    layers = max(1, round((target_params - count(1)[0]) / per_layer) + 1)
+    return count(layers)[1]
+
+
+def parameter_count_of(config: TransformerConfig) -> int:
+    """Parameters of ``config`` without allocating them."""
+    shapes = jax.eval_shape(lambda: transformer_init(config, jax.random.key(0)))
+    return int(sum(math.prod(x.shape) for x in jax.tree.leaves(shapes)))
