@@ -3,7 +3,10 @@
 The pipeline, one module per stage: corpus -> tokenizer -> prepare (token streams) ->
 codes (bit-cipher) -> statistics (streaming accumulators) -> explicit (closed-form weights)
 -> model / solver (the SAFFU stack and its stage-by-stage explicit solution; the single-layer
-bigram in ``bigram``) -> training (optax warm or cold start) -> evaluation / runs.
+bigram in ``bigram``) -> training (optax warm or cold start) -> evaluation / runs. Baselines on the same tokens:
+``transformer`` (flax decoder-only, same trainer) and ``kneser_ney`` (interpolated modified
+Kneser-Ney from the engine's n-gram counts, ARPA output); ``blimp`` scores any of them;
+``accounting`` measures FLOPs and memory.
 """
 
 from saffu._io import SaffuError
@@ -21,6 +24,8 @@ from saffu.model import Saffu, SaffuConfig, init_params, parameter_count, saffu_
 from saffu.runs import evaluate_split, generate, load_explicit, load_params, save_explicit
 from saffu.solver import SolverConfig, solve_explicit
 from saffu.training import TrainConfig, train
+from saffu.transformer import Transformer, TransformerConfig
+from saffu.kneser_ney import KneserNeyModel, fit_kneser_ney, read_arpa, write_arpa
 from saffu.statistics import (Accumulator, Batch, accumulate, accumulate_states, blend_background,
                               document_context, feature_target, local_mesh, merge_states,
                               offset_cooccurrence, unigram_counts)
@@ -30,7 +35,8 @@ __version__ = "0.1.0"
 __all__ = [
     "Saffu", "SaffuConfig", "SolverConfig", "TrainConfig", "evaluate_split", "generate", "init_params",
     "load_explicit", "load_params", "parameter_count", "saffu_logits", "save_explicit", "solve_explicit",
-    "train", "window_loss", "BigramTrainConfig",
+    "train", "window_loss", "BigramTrainConfig", "Transformer", "TransformerConfig",
+    "KneserNeyModel", "fit_kneser_ney", "read_arpa", "write_arpa",
     "Accumulator", "Batch", "BigramConfig", "BigramModel", "CipherConfig", "Corpus", "PrepareConfig",
     "SaffuError", "Smoothing", "SparseCodes", "WorkDir", "accumulate",
     "accumulate_states", "babylm_corpus", "bigram_nll", "bit_cipher_codes", "blend_background",

@@ -10,11 +10,16 @@ Work directory layout::
 A stream is ``<eod> doc_1 <eod> doc_2 <eod> …``: the leading ``<eod>`` opens the first
 document so every document token (and every closing ``<eod>``) is predicted from something.
 A work directory without ``meta.json`` is incomplete and is rebuilt, never used.
+
+:func:`subset_workdir` writes a smaller work directory of whole documents of another's (same
+tokenizer, exact counts, ``meta["subset"]`` saying where it came from), for sweeps that need a
+fixed slice of a corpus.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import shutil
@@ -198,3 +203,217 @@ def prepare(corpus: Corpus, workdir: str | Path, config: PrepareConfig = Prepare
     }
     atomic_write_json(workdir / "meta.json", meta)
     return open_workdir(workdir)
+
+
+#: Evenly spaced blocks a subset's documents are drawn from (fewer for splits of few documents).
+SUBSET_BLOCKS = 64
+
+
+def subset_workdir(source: WorkDir, path: str | Path, *, train_tokens: int | None = None,
+                   train_fraction: float | None = None, dev_tokens: int | None = None,
+                   seed: int = 0, show_progress: bool = False) -> WorkDir:
+    """A smaller work directory whose splits hold whole documents of ``source``'s.
+
+    The training split keeps about ``train_tokens`` stream tokens (or ``train_fraction`` of
+    them; neither: all of it), the ``dev`` split about ``dev_tokens`` (``None``: copied
+    unchanged, as is every other split). The documents are taken in :data:`SUBSET_BLOCKS`
+    evenly spaced blocks of the stream — per block a contiguous run of whole documents at a
+    seeded offset, sized so the running total tracks the requested share — so every part of
+    the stream is represented (BabyLM concatenates its sources in file order, so a prefix
+    would hold only the first source) and local document order is kept; the subset lists
+    its documents in source order, in the same stream format (``<eod> doc <eod> doc … <eod>``).
+
+    Every count in ``meta.json`` is exact for the subset: tokens, predicted tokens, documents,
+    longest document and the training token counts from the streams; bytes and words per
+    document by decoding it with the work directory's byte-level BPE (checked first against
+    the source totals over the whole split), or, when decoding does not reproduce them (the
+    split had invalid UTF-8, read as U+FFFD), by re-reading the corpus files recorded in the
+    source's ``meta.json``. Token ids keep the source tokenizer's frequency ranking.
+    ``meta["subset"]`` records the source (path and a hash of its ``meta.json``), the
+    request, the seed and the selected document ranges. If ``path`` already holds the same
+    subset of the same source, it is opened and returned without rewriting.
+
+    Args:
+      source: the work directory to subset (opened by :func:`open_workdir`).
+      path: the new work directory (must not be ``source``'s).
+      train_tokens: target size of the training stream in tokens (``2 ≤ n ≤`` the source's).
+      train_fraction: share of the source's training tokens in ``(0, 1]``.
+      dev_tokens: target size of the ``dev`` stream in tokens.
+      seed: seed of the offsets of the runs within their blocks.
+      show_progress: progress bars while counting.
+
+    Returns the opened :class:`WorkDir`. Raises SaffuError for bad arguments.
+    """
+    start = time.perf_counter()
+    path = Path(path)
+    if train_tokens is not None and train_fraction is not None:
+        raise SaffuError("give train_tokens or train_fraction, not both")
+    if train_fraction is not None and not 0.0 < float(train_fraction) <= 1.0:
+        raise SaffuError(f"train_fraction {train_fraction} must be in (0, 1]")
+    if train_tokens is None and train_fraction is None and dev_tokens is None:
+        raise SaffuError("nothing to subset: give train_tokens, train_fraction or dev_tokens")
+    if path.resolve() == Path(source.path).resolve():
+        raise SaffuError(f"the subset must go to a new directory, not the source {source.path}")
+    train = source.train_split
+    wanted: dict[str, int] = {}
+    if train_tokens is not None:
+        wanted[train] = _check_tokens(source, train, train_tokens, "train_tokens")
+    elif train_fraction is not None:
+        wanted[train] = max(2, int(round(float(train_fraction) * source.split_info(train)["tokens"])))
+    if dev_tokens is not None:
+        if train == "dev":
+            raise SaffuError("dev is the training split here; use train_tokens instead of dev_tokens")
+        wanted["dev"] = _check_tokens(source, "dev", dev_tokens, "dev_tokens")
+
+    request = {"source": str(Path(source.path).resolve()),
+               "source_meta_sha256": hashlib.sha256((Path(source.path) / "meta.json").read_bytes()).hexdigest(),
+               "train_tokens": train_tokens, "train_fraction": train_fraction, "dev_tokens": dev_tokens,
+               "seed": int(seed), "method": f"evenly spaced blocks (at most {SUBSET_BLOCKS})"}
+    if (path / "meta.json").is_file():
+        try:
+            existing = open_workdir(path)
+        except SaffuError:
+            existing = None
+        if existing is not None and existing.meta.get("subset", {}).get("request") == request:
+            return existing
+
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "meta.json").unlink(missing_ok=True)
+    shutil.rmtree(path / "tokens", ignore_errors=True)
+    (path / "tokens").mkdir()
+    shutil.copyfile(Path(source.path) / "tokenizer.json", path / "tokenizer.json")
+    dtype = np.dtype(source.meta["dtype"])
+    splits, selected, counts_from = {}, {}, {}
+    train_counts = source.token_counts()
+    for split, info in source.meta["splits"].items():
+        out = path / "tokens" / f"{split}.bin"
+        if split not in wanted:
+            shutil.copyfile(Path(source.path) / "tokens" / f"{split}.bin", out)
+            splits[split] = dict(info)
+            continue
+        stream = np.asarray(source.tokens(split))
+        first, last = _document_bounds(stream, source, split)     # doc i: stream[first[i]:last[i]], then <eod>
+        lengths = last - first + 1                                 # its tokens and its closing <eod>
+        ranges = _select_documents(lengths, wanted[split] - 1, seed)
+        pieces = [stream[:1]] + [stream[first[a]:last[b - 1] + 1] for a, b in ranges]
+        subset = np.concatenate(pieces).astype(dtype)
+        tmp = out.with_suffix(".bin.tmp")
+        subset.tofile(tmp)
+        os.replace(tmp, out)
+        chosen = np.concatenate([np.arange(a, b) for a, b in ranges])
+        per_doc, counts_from[split] = _document_text_counts(source, split, stream, first, last, show_progress)
+        splits[split] = {"tokens": int(len(subset)), "predicted_tokens": int(len(subset) - 1),
+                         "documents": int(len(chosen)), "longest_document": int((lengths[chosen] - 1).max()),
+                         **{key: int(values[chosen].sum()) for key, values in per_doc.items()}}
+        selected[split] = [[int(a), int(b)] for a, b in ranges]
+        if split == train:
+            train_counts = np.bincount(subset, minlength=source.vocab_size).astype(np.int64)
+            train_counts[tok.EOD_ID] -= 1                           # the opening <eod> closes no document
+    meta = dict(source.meta)
+    meta.update(splits=splits, train_token_counts=train_counts.tolist(), seconds=time.perf_counter() - start,
+                subset={"request": request, "source_splits": {s: dict(source.meta["splits"][s]) for s in wanted},
+                        "documents": selected, "counts_from": counts_from})
+    atomic_write_json(path / "meta.json", meta)
+    return open_workdir(path)
+
+
+def _check_tokens(source: WorkDir, split: str, tokens, name: str) -> int:
+    if split not in source.meta["splits"]:
+        raise SaffuError(f"{name}: work directory {source.path} has no split {split!r}")
+    available = source.split_info(split)["tokens"]
+    if isinstance(tokens, bool) or not isinstance(tokens, (int, np.integer)) or tokens < 2:
+        raise SaffuError(f"{name} must be an integer ≥ 2 (the opening <eod> and one more token); got {tokens!r}")
+    if tokens > available:
+        raise SaffuError(f"{name} {tokens:,} is more than the {available:,} tokens of {split} in {source.path}; "
+                         f"ask for {available:,} or fewer")
+    return int(tokens)
+
+
+def _document_bounds(stream: np.ndarray, source: WorkDir, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """Token positions of every document of a stream: ``first int64[N]`` (its first token) and
+    ``last int64[N]`` (its closing ``<eod>``), so document ``i`` is ``stream[first[i]:last[i]]``."""
+    eods = np.flatnonzero(stream == tok.EOD_ID)
+    if len(stream) == 0 or stream[0] != tok.EOD_ID or stream[-1] != tok.EOD_ID:
+        raise SaffuError(f"{split} of {source.path} does not start and end with <eod>; run `saffu prepare` again")
+    if len(eods) - 1 != source.split_info(split)["documents"]:
+        raise SaffuError(f"{split} of {source.path} has {len(eods) - 1} documents, meta.json says "
+                         f"{source.split_info(split)['documents']}; run `saffu prepare` again")
+    return eods[:-1] + 1, eods[1:]
+
+
+def _select_documents(lengths: np.ndarray, want: int, seed: int) -> list[tuple[int, int]]:
+    """Whole documents totalling about ``want`` tokens: per block of the stream (blocks of equal
+    tokens), a contiguous run starting at a seeded offset whose size keeps the running total
+    within half a document of the pro-rata quota. Returns sorted, disjoint ``[start, stop)``
+    document-index ranges (merged where adjacent)."""
+    rng = np.random.default_rng(seed)
+    total = int(lengths.sum())
+    ends = np.cumsum(lengths)                                    # token end of every document
+    starts = ends - lengths
+    num_blocks = max(1, min(SUBSET_BLOCKS, len(lengths)))
+    block_of = np.minimum(starts * num_blocks // total, num_blocks - 1)
+    chosen = np.zeros(len(lengths), bool)
+    taken = 0
+    for block in range(num_blocks):
+        docs = np.flatnonzero(block_of == block)
+        if len(docs) == 0:
+            continue
+        quota = int(round(want * int(ends[docs[-1]]) / total)) - taken   # running pro-rata share
+        block_tokens = int(ends[docs[-1]] - starts[docs[0]])
+        offset = int(rng.integers(0, max(block_tokens - quota, 0) + 1))
+        first = int(np.searchsorted(starts[docs] - starts[docs[0]], offset))
+        run = 0
+        for i in np.roll(docs, -first):                          # contiguous, wrapping within the block
+            if 2 * (run + lengths[i]) > 2 * quota + lengths[i]:  # adding it would overshoot by more than half
+                break
+            chosen[i] = True
+            run += int(lengths[i])
+        taken += run
+    if not chosen.any():                                         # fewer tokens asked than any one document
+        chosen[int(np.argmin(np.abs(lengths - want)))] = True
+    edges = np.diff(np.concatenate([[0], chosen.astype(np.int8), [0]]))
+    return list(zip(np.flatnonzero(edges == 1).tolist(), np.flatnonzero(edges == -1).tolist()))
+
+
+def _document_text_counts(source: WorkDir, split: str, stream: np.ndarray, first: np.ndarray,
+                          last: np.ndarray, show_progress: bool) -> tuple[dict[str, np.ndarray], str]:
+    """Per document of ``split``: ``bytes`` (UTF-8 plus a newline), ``words`` (plus an
+    end-of-document) and ``replaced_bytes``, each ``int64[N]``, exactly as :func:`prepare`
+    counted them, and where they came from. Decoding reproduces them when the split had no
+    invalid UTF-8 (checked against the totals); otherwise the corpus files are read again."""
+    info = source.split_info(split)
+    tokenizer = source.tokenizer()
+    n = len(first)
+    counts = {key: np.zeros(n, np.int64) for key in ("bytes", "words", "replaced_bytes")}
+    step = 4096
+    for lo in tqdm(range(0, n, step), desc=f"decode {split}", leave=False, disable=not show_progress):
+        texts = tokenizer.decode_batch([stream[a:b].tolist() for a, b in zip(first[lo:lo + step],
+                                                                                last[lo:lo + step])])
+        counts["bytes"][lo:lo + len(texts)] = [len(t.encode("utf-8")) + 1 for t in texts]
+        counts["words"][lo:lo + len(texts)] = [len(t.split()) + 1 for t in texts]
+    if (info["replaced_bytes"] == 0 and counts["bytes"].sum() == info["bytes"]
+            and counts["words"].sum() == info["words"]):
+        return counts, "decoded tokens"
+    # Invalid UTF-8 was read as U+FFFD, so decoding cannot give back the raw byte counts:
+    # read the documents again from the corpus files, as prepare did.
+    files = [Path(f) for f in source.meta.get("files", {}).get(split, [])]
+    missing = [str(f) for f in files if not f.is_file()]
+    if not files or missing:
+        raise SaffuError(f"the byte counts of {split} in {source.path} cannot be rebuilt by decoding (it had "
+                         f"invalid UTF-8) and its corpus files are not readable from here "
+                         f"({', '.join(missing) or 'none recorded'}); run from the directory `saffu prepare` "
+                         f"ran in")
+    stats = ReadStats()
+    rows: list[tuple[int, int, int]] = []
+    previous = (0, 0, 0)
+    for _ in iter_documents(files, stats):
+        current = (stats.bytes, stats.words, stats.replaced_bytes)
+        rows.append(tuple(c - p for c, p in zip(current, previous)))
+        previous = current
+    table = np.asarray(rows, np.int64).reshape(-1, 3)
+    if (len(table) != n or table[:, 0].sum() != info["bytes"] or table[:, 1].sum() != info["words"]
+            or table[:, 2].sum() != info["replaced_bytes"]):
+        raise SaffuError(f"the corpus files of {split} ({', '.join(map(str, files[:2]))}…) no longer match "
+                         f"{source.path}/meta.json; run `saffu prepare` again")
+    return ({"bytes": table[:, 0], "words": table[:, 1], "replaced_bytes": table[:, 2]},
+            "corpus files (decoding cannot restore invalid UTF-8)")
