@@ -1,6 +1,5 @@
 """The notebooks run top to bottom (so they cannot rot): executed with nbclient in a fresh kernel."""
 
-import os
 from pathlib import Path
 
 import pytest
