@@ -182,8 +182,16 @@ def train(model, params: Params, train_stream: np.ndarray, config: TrainConfig,
     dev_loss_fn = jax.jit(lambda p, w, m: window_loss(p, model, w, m))
 
     def dev_loss(p):
-        nll, count = dev_loss_fn(p, *eval_batch)
-        return float(nll) / float(count)
+        """Mean NLL of the dev windows, ``batch_size`` windows per call (the logits of all of
+        them at once would dominate peak memory: 256 × 256 × V floats)."""
+        windows, mask = eval_batch
+        size = config.batch_size
+        pad = -len(windows) % size
+        if pad:   # fully masked filler windows keep one compiled shape
+            windows = jnp.concatenate([windows, jnp.zeros((pad,) + windows.shape[1:], windows.dtype)])
+            mask = jnp.concatenate([mask, jnp.zeros((pad,) + mask.shape[1:], bool)])
+        totals = [dev_loss_fn(p, windows[i:i + size], mask[i:i + size]) for i in range(0, len(windows), size)]
+        return sum(float(nll) for nll, _ in totals) / sum(float(count) for _, count in totals)
 
     state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": optimizer.init(params)}
     manager = _checkpoint_manager(run_dir / "checkpoints")
