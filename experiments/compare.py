@@ -262,13 +262,16 @@ def plot(results: dict, out: Path) -> None:
                 continue
             curves = r.get("seed_curves", [r["curve"]])
             for i, c in enumerate(curves):
-                xs = [p[key] for p in c]
-                ax.plot(xs, [p["dev_bpb"] for p in c], "o-" if name == "explicit" else "-", color=colors[name],
-                        alpha=1.0 if i == 0 else 0.4, ms=7, label=name if i == 0 else None)
+                c = [p for p in c if key != "flops" or p[key] > 0]      # log axis: no zero-FLOP start
+                ax.plot([p[key] for p in c], [p["dev_bpb"] for p in c], "o-" if name == "explicit" else "-",
+                        color=colors[name], alpha=1.0 if i == 0 else 0.4, ms=7, label=name if i == 0 else None)
         ax.set_xlabel(label)
         if key == "flops":
-            ax.set_xscale("symlog", linthresh=1e12)
+            ax.set_xscale("log")
         ax.grid(alpha=0.3)
+    if "explicit" in results:   # the random-init start (~4 bits/byte) would flatten everything else
+        lowest = min(r["dev_bpb"] for r in results.values())
+        axes[0].set_ylim(lowest - 0.05, results["explicit"]["dev_bpb"] + 0.35)
     axes[0].set_ylabel("dev bits per byte (evenly spaced dev windows)")
     axes[0].legend(fontsize=8)
     fig.tight_layout()
