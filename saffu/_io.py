@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Mapping
+from typing import IO, Any, Iterator, Mapping
 
 
 class SaffuError(Exception):
@@ -16,9 +17,11 @@ class SaffuError(Exception):
     """
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file and a rename, so readers never
-    see a half-written file."""
+@contextlib.contextmanager
+def atomic_open(path: str | os.PathLike, mode: str = "wb", **kwargs) -> Iterator[IO]:
+    """``with atomic_open(path, "w") as handle: ...`` — writes go to a temporary file beside
+    ``path`` that replaces it only when the block ends without error (and is removed
+    otherwise), so readers never see a half-written file. ``kwargs`` go to ``open``."""
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -26,12 +29,18 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     except OSError as err:
         raise SaffuError(f"cannot write {path}: {err.strerror}; choose a writable location") from None
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
+        with os.fdopen(fd, mode, **kwargs) as handle:
+            yield handle
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (:func:`atomic_open`)."""
+    with atomic_open(path) as handle:
+        handle.write(data)
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:

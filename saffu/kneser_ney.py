@@ -58,9 +58,7 @@ import dataclasses
 import functools
 import gc
 import math
-import os
 import re
-import tempfile
 import time
 from pathlib import Path
 from typing import Iterator, NamedTuple, Sequence
@@ -70,7 +68,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from saffu._io import SaffuError
+from saffu._io import SaffuError, atomic_open
 from saffu.batches import window_at
 from saffu.evaluation import split_metrics
 from saffu.prepare import WorkDir
@@ -525,44 +523,33 @@ def write_arpa(model: KneserNeyModel, path: str | Path, token_names: Sequence[st
     fmt = f"{{:.{decimals}f}}"
     V, order = model.vocab_size, model.order
     counts = [V + 1] + [len(k) for k in model.keys[1:]]
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as err:
-        raise SaffuError(f"cannot write {path}: {err.strerror}; choose a writable location") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as out:
-            out.write("\n\\data\\\n")
-            out.writelines(f"ngram {k}={n}\n" for k, n in enumerate(counts, 1))
-            for k in range(1, order + 1):
-                out.write(f"\n\\{k}-grams:\n")
-                lp = model.log_prob[k - 1] / _LN10
-                bo = model.log_backoff[k - 1] / _LN10
-                with_backoff = k < order
-                if k == 1:
-                    lines = [f"{fmt.format(model.unk_log_prob / _LN10)}\t<unk>" + ("\t0" if with_backoff else ""),
-                             "-99\t<s>" + (f"\t{fmt.format(bo[EOD_ID])}" if with_backoff else ""),
-                             f"{fmt.format(lp[EOD_ID])}\t</s>" + ("\t0" if with_backoff else "")]
-                    ids = np.arange(2, V)
-                    words = names[ids]
-                    lp, bo = lp[ids], bo[ids]
-                else:
-                    rows = tokens[k - 1]
-                    columns = [context_names[rows[:, 0]]] + [names[rows[:, j]] for j in range(1, k - 1)]
-                    columns.append(word_names[rows[:, -1]])
-                    words = [" ".join(parts) for parts in zip(*columns)]
-                    lines = []
-                if with_backoff:
-                    lines.extend(f"{fmt.format(p)}\t{w}\t{fmt.format(b)}" for p, w, b in zip(lp, words, bo))
-                else:
-                    lines.extend(f"{fmt.format(p)}\t{w}" for p, w in zip(lp, words))
-                out.write("\n".join(lines) + "\n")
-            out.write("\n\\end\\\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_open(path, "w", encoding="utf-8", newline="\n") as out:
+        out.write("\n\\data\\\n")
+        out.writelines(f"ngram {k}={n}\n" for k, n in enumerate(counts, 1))
+        for k in range(1, order + 1):
+            out.write(f"\n\\{k}-grams:\n")
+            lp = model.log_prob[k - 1] / _LN10
+            bo = model.log_backoff[k - 1] / _LN10
+            with_backoff = k < order
+            if k == 1:
+                lines = [f"{fmt.format(model.unk_log_prob / _LN10)}\t<unk>" + ("\t0" if with_backoff else ""),
+                         "-99\t<s>" + (f"\t{fmt.format(bo[EOD_ID])}" if with_backoff else ""),
+                         f"{fmt.format(lp[EOD_ID])}\t</s>" + ("\t0" if with_backoff else "")]
+                ids = np.arange(2, V)
+                words = names[ids]
+                lp, bo = lp[ids], bo[ids]
+            else:
+                rows = tokens[k - 1]
+                columns = [context_names[rows[:, 0]]] + [names[rows[:, j]] for j in range(1, k - 1)]
+                columns.append(word_names[rows[:, -1]])
+                words = [" ".join(parts) for parts in zip(*columns)]
+                lines = []
+            if with_backoff:
+                lines.extend(f"{fmt.format(p)}\t{w}\t{fmt.format(b)}" for p, w, b in zip(lp, words, bo))
+            else:
+                lines.extend(f"{fmt.format(p)}\t{w}" for p, w in zip(lp, words))
+            out.write("\n".join(lines) + "\n")
+        out.write("\n\\end\\\n")
 
 
 def read_arpa(path: str | Path, token_names: Sequence[str] | None = None,
