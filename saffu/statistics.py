@@ -268,19 +268,25 @@ def _windows(stream: np.ndarray, first_target: int, end: int, num_devices: int,
 
 
 @functools.lru_cache(maxsize=32)
-def _sharded_step(accumulators: tuple[Accumulator, ...], mesh: Mesh, radius: int):
-    """One jitted step updating every accumulator on every device (cached, so repeated passes
-    with the same accumulators compile once)."""
+def _sharded_step(accumulators: tuple[Accumulator, ...], mesh: Mesh, radius: int, chunk_size: int):
+    """One step updating every accumulator on every device, compiled ahead of time for
+    ``chunk_size`` targets per device (cached, so repeated passes with the same accumulators
+    compile once; the compiled executable also carries XLA's FLOP count)."""
 
     def local_update(states, windows, masks):
         context, targets = document_context(windows[0], radius)
         batch = Batch(windows[0], context, targets, masks[0])
         return [acc.update(state[0], batch)[None] for acc, state in zip(accumulators, states)]
 
-    return jax.jit(jax.shard_map(local_update, mesh=mesh,
+    step = jax.jit(jax.shard_map(local_update, mesh=mesh,
                                  in_specs=(PartitionSpec(_DEVICE_AXIS),) * 3,
                                  out_specs=PartitionSpec(_DEVICE_AXIS)),
                    donate_argnums=0)
+    num_devices = mesh.devices.size
+    spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, PartitionSpec(_DEVICE_AXIS)))
+    states = [spec((num_devices,) + s.shape, s.dtype) for s in (jax.eval_shape(acc.init) for acc in accumulators)]
+    return step.lower(states, spec((num_devices, radius + chunk_size), jnp.int32),
+                      spec((num_devices, chunk_size), jnp.bool_)).compile()
 
 
 def accumulate_states(stream: np.ndarray, accumulators: Mapping[str, Accumulator], *,
@@ -327,20 +333,16 @@ def _accumulate_local(stream, accumulators, begin, end, chunk_size, mesh, progre
     radius = max([acc.radius for acc in accumulators.values()] + [1])
     sharded = NamedSharding(mesh, PartitionSpec(_DEVICE_AXIS))
     names = list(accumulators)
-    step = _sharded_step(tuple(accumulators[n] for n in names), mesh, radius)
+    step = _sharded_step(tuple(accumulators[n] for n in names), mesh, radius, chunk_size)
     states = [jax.device_put(jnp.stack([accumulators[n].init()] * num_devices), sharded)
               for n in names]
     per_step = num_devices * chunk_size
-    compiled = None
+    accounting.record("statistics", step, -(-(end - begin) // per_step))
     with tqdm(total=end - begin, unit="tok", unit_scale=True, desc=progress,
               disable=progress is None, leave=False) as bar:
         for first in range(begin, end, per_step):
             windows, masks = _windows(stream, first, end, num_devices, chunk_size, radius)
-            windows, masks = jax.device_put(windows, sharded), jax.device_put(masks, sharded)
-            if compiled is None:   # ahead-of-time, so XLA's FLOP count comes with the one compilation
-                compiled = step.lower(states, windows, masks).compile()
-                accounting.record("statistics", compiled, -(-(end - begin) // per_step))
-            states = compiled(states, windows, masks)
+            states = step(states, jax.device_put(windows, sharded), jax.device_put(masks, sharded))
             bar.update(min(per_step, end - first))
     # Adding the device states on the devices is exact: capacity bounds every cell's total.
     if num_devices == 1:
