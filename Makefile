@@ -1,20 +1,39 @@
-# Each target creates its own virtual environment (.venv) on first use.
+# Each target creates its own virtual environment (.venv) on first use and installs what it
+# needs: `make demo` the package alone, `make test` the package with its test extras.
 PYTHON ?= python3
 VENV := .venv
-STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+HASH := $(shell cksum pyproject.toml | cut -d' ' -f1)
+BASE := $(VENV)/.installed-base-$(HASH)
+TESTS := $(VENV)/.installed-test-$(HASH)
+# compat: the checkout itself goes on sys.path, so a clone folder named `saffu` cannot shadow
+# the package for scripts run from its parent folder
+EDITABLE := --config-settings editable_mode=compat
 
-.PHONY: demo test bench clean
+.PHONY: demo test test-slow test-all clean
 
-$(STAMP): pyproject.toml
+$(VENV)/bin/pip:
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -e '.[test]'
-	rm -f $(VENV)/.installed-* && touch $@
 
-demo: $(STAMP)
+$(BASE): pyproject.toml | $(VENV)/bin/pip
+	$(VENV)/bin/pip install --quiet -e . $(EDITABLE)
+	rm -f $(VENV)/.installed-base-* && touch $@
+
+$(TESTS): pyproject.toml | $(VENV)/bin/pip
+	$(VENV)/bin/pip install --quiet -e '.[test]' $(EDITABLE)
+	rm -f $(VENV)/.installed-* && touch $@ $(BASE)
+
+demo: $(BASE)
 	$(VENV)/bin/saffu demo --workdir runs/demo --metrics-json runs/demo/metrics.json
 
-test: $(STAMP)
+# the fast suite (about 4 minutes here); the slow one runs the real corpus and the notebooks
+test: $(TESTS)
+	$(VENV)/bin/python -m pytest -q -m "not slow"
+
+test-slow: $(TESTS)
+	$(VENV)/bin/python -m pytest -q -m slow
+
+test-all: $(TESTS)
 	$(VENV)/bin/python -m pytest -q
 
 clean:

@@ -64,7 +64,7 @@ def prepare_workdir(corpus: Path, workdir: Path, vocab_size: int, dev_tokens: in
                "--quiet"], log)
     if not dev_tokens:
         return workdir
-    from saffu.prepare import open_workdir, subset_workdir
+    from saffu.workdir import open_workdir, subset_workdir
     target = workdir.parent / f"{workdir.name}-dev{dev_tokens}"
     subset_workdir(open_workdir(workdir), target, dev_tokens=dev_tokens)
     return target
@@ -130,7 +130,7 @@ def main(argv=None):
     start = time.perf_counter()
 
     workdir = prepare_workdir(args.corpus, args.workdir, args.vocab_size, args.dev_tokens, log)
-    from saffu.prepare import open_workdir
+    from saffu.workdir import open_workdir
     opened = open_workdir(workdir)
     info = opened.split_info("dev")
     train_tokens = opened.split_info(opened.train_split)["predicted_tokens"]
@@ -148,7 +148,7 @@ def main(argv=None):
                                            checkpoint, "--quiet", "--metrics-json", str(path)], log))["blimp_accuracy"]
 
     # explicit SAFFU, then the warm start from it
-    m = cached(out / "explicit.json", lambda: saffu(["fit", *W, "--run", str(out / "warm"), *SAFFU_ARCH, "--quiet",
+    m = cached(out / "explicit.json", lambda: saffu(["fit", *W, "--run", str(out / "warm"), *SAFFU_ARCH, "--quiet", "--eval-tokens", "0",
                                                      "--metrics-json", str(out / "explicit.json")], log))
     solve_seconds, solve_flops = m["seconds"], m["flops"]
     results["explicit"] = {"dev_bpb": m["dev_bpb"], "dev_ppl": m["dev_ppl"], "dev_loss": m["dev_loss"],
@@ -158,7 +158,7 @@ def main(argv=None):
 
     def trained(name, run, flags, seconds_offset=0.0, flops_offset=0.0, xla_offset=0.0, score_blimp=True):
         path = out / f"{name}.json"
-        m = cached(path, lambda: saffu(["train", *W, "--run", str(run), *flags, *train_flags, "--quiet",
+        m = cached(path, lambda: saffu(["train", *W, "--run", str(run), *flags, *train_flags, "--quiet", "--eval-tokens", "0",
                                         "--metrics-json", str(path)], log))
         points = curve(run, bytes_per_token, seconds_offset, flops_offset)
         return {"dev_bpb": m["dev_bpb"], "dev_ppl": m["dev_ppl"], "dev_loss": m["dev_loss"],

@@ -1,7 +1,7 @@
 """Data efficiency: the ``compare`` suite on 10%, 25%, 50% and 100% of the training split.
 
 Each fraction is a work directory of whole training documents spread over the whole split
-(:func:`saffu.prepare.subset_workdir`, same tokenizer, same dev documents), and runs explicit
+(:func:`saffu.workdir.subset_workdir`, same tokenizer, same dev documents), and runs explicit
 SAFFU, its warm start, cold start, the parameter-matched transformer and Kneser-Ney for one
 epoch of that fraction (``experiments/compare.py`` with ``--seeds`` cold seeds, no BLiMP and no
 larger transformer). Where does the warm start stop helping? ``results.json`` has every
@@ -45,7 +45,7 @@ def main(argv=None):
     start = time.perf_counter()
     log = args.out / "commands.log"
     full = compare.prepare_workdir(args.corpus, args.workdir, args.vocab_size, 0, log)
-    from saffu.prepare import open_workdir, subset_workdir
+    from saffu.workdir import open_workdir, subset_workdir
     source = open_workdir(full)
     rows = {}
     for fraction in sorted(args.fractions):

@@ -4,7 +4,7 @@ Every variant comes with its parameter count, and the variants that are best per
 (the Pareto front of bits per byte against parameters) are listed and plotted.
 
 The training split is cut to ``--train-tokens`` (whole documents from evenly spaced blocks of
-the stream, :func:`saffu.prepare.subset_workdir`) and the dev split to ``--dev-tokens`` the
+the stream, :func:`saffu.workdir.subset_workdir`) and the dev split to ``--dev-tokens`` the
 same way, so every variant is solved and scored on the same data and bits per byte stays
 exact (the subset's byte count is recomputed). The grid varies, around the default
 (M = 8, b = 128, 1 head, 2 positions, direct output, linear value, μ = 3000, calibrated β):
@@ -63,7 +63,7 @@ from saffu.codes import min_bits  # noqa: E402
 from saffu.evaluation import split_metrics  # noqa: E402
 from saffu.explicit import Smoothing  # noqa: E402
 from saffu.model import SaffuConfig, parameter_count, window_loss  # noqa: E402
-from saffu.prepare import WorkDir, open_workdir, subset_workdir  # noqa: E402
+from saffu.workdir import WorkDir, open_workdir, subset_workdir  # noqa: E402
 from saffu.solver import SolverConfig, solve_explicit  # noqa: E402
 
 DEFAULT = {"radius": 8, "bits": 128, "heads": 1, "positions": 2, "hidden": 0, "value_form": "linear",

@@ -57,7 +57,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     out, work = args.out, str(args.workdir)
     out.mkdir(parents=True, exist_ok=True)
-    common = ["--workdir", work, "--quiet"]
+    common = ["--workdir", work, "--quiet", "--eval-tokens", "0"]   # whole dev split
     budget = ["--steps", str(args.steps), "--eval-every", "50"]
 
     architecture = shlex.split(args.architecture)

@@ -42,7 +42,7 @@ def main(argv=None):
         metrics_path = args.out / f"variant{i}.json"
         if not metrics_path.exists():
             argv_fit = ["fit", "--workdir", str(args.workdir), "--run", str(args.out / f"variant{i}"), "--quiet",
-                        "--metrics-json", str(metrics_path), *flags]
+                        "--eval-tokens", "0", "--metrics-json", str(metrics_path), *flags]
             if saffu(argv_fit) != 0:
                 raise SystemExit(f"variant {name!r} failed")
         m = json.loads(metrics_path.read_text())

@@ -6,44 +6,54 @@ codes (bit-cipher) -> statistics (streaming accumulators) -> explicit (closed-fo
 bigram in ``bigram``) -> training (optax warm or cold start) -> evaluation / runs. Baselines on the same tokens:
 ``transformer`` (flax decoder-only, same trainer) and ``kneser_ney`` (interpolated modified
 Kneser-Ney from the engine's n-gram counts, ARPA output); ``blimp`` scores any of them;
-``accounting`` measures FLOPs and memory.
+``accounting`` measures FLOPs and memory. Every configuration lives in ``configs``.
+
+The names below are imported on first use, so ``import saffu`` (and ``saffu --help``) does
+not load jax, flax, optax or orbax until something needs them.
 """
 
-from saffu._io import SaffuError
-from saffu.bigram import (BigramConfig, BigramModel, BigramTrainConfig, bigram_nll, fit_explicit_bigram,
-                          random_bigram, train_bigram)
-from saffu.codes import (CipherConfig, SparseCodes, bit_cipher_codes, code_background, dense_codes,
-                         min_bits, sparse_bit_cipher)
-from saffu.corpus import Corpus, babylm_corpus, iter_documents, text_files_corpus
-from saffu.download import download_babylm
-from saffu.evaluation import language_model_metrics, pair_counts, split_metrics
-from saffu.explicit import (Smoothing, calibrate_temperature, conditional_probabilities,
-                            explicit_softmax_weights, unigram_prior)
-from saffu.prepare import PrepareConfig, WorkDir, open_workdir, prepare
-from saffu.model import Saffu, SaffuConfig, init_params, parameter_count, saffu_logits, window_loss
-from saffu.runs import evaluate_split, generate, load_explicit, load_params, save_explicit
-from saffu.solver import SolverConfig, solve_explicit
-from saffu.training import TrainConfig, train
-from saffu.transformer import Transformer, TransformerConfig
-from saffu.kneser_ney import KneserNeyModel, fit_kneser_ney, read_arpa, write_arpa
-from saffu.statistics import (Accumulator, Batch, accumulate, accumulate_states, blend_background,
-                              document_context, feature_target, local_mesh, merge_states,
-                              offset_cooccurrence, unigram_counts)
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "Saffu", "SaffuConfig", "SolverConfig", "TrainConfig", "evaluate_split", "generate", "init_params",
-    "load_explicit", "load_params", "parameter_count", "saffu_logits", "save_explicit", "solve_explicit",
-    "train", "window_loss", "BigramTrainConfig", "Transformer", "TransformerConfig",
-    "KneserNeyModel", "fit_kneser_ney", "read_arpa", "write_arpa",
-    "Accumulator", "Batch", "BigramConfig", "BigramModel", "CipherConfig", "Corpus", "PrepareConfig",
-    "SaffuError", "Smoothing", "SparseCodes", "WorkDir", "accumulate",
-    "accumulate_states", "babylm_corpus", "bigram_nll", "bit_cipher_codes", "blend_background",
-    "calibrate_temperature", "code_background", "conditional_probabilities", "dense_codes",
-    "document_context", "download_babylm", "explicit_softmax_weights", "feature_target",
-    "fit_explicit_bigram", "iter_documents", "language_model_metrics", "local_mesh",
-    "merge_states", "min_bits", "offset_cooccurrence", "open_workdir", "pair_counts", "prepare",
-    "random_bigram", "sparse_bit_cipher", "split_metrics", "text_files_corpus", "train_bigram",
-    "unigram_counts", "unigram_prior",
-]
+_EXPORTS = {
+    "saffu._io": ["SaffuError"],
+    "saffu.configs": ["BigramConfig", "BigramTrainConfig", "CipherConfig", "PrepareConfig", "SaffuConfig",
+                      "Smoothing", "SolverConfig", "TrainConfig", "TransformerConfig", "min_bits"],
+    "saffu.bigram": ["BigramModel", "bigram_nll", "fit_explicit_bigram", "random_bigram", "train_bigram"],
+    "saffu.codes": ["SparseCodes", "bit_cipher_codes", "code_background", "dense_codes", "sparse_bit_cipher"],
+    "saffu.corpus": ["Corpus", "babylm_corpus", "iter_documents", "text_files_corpus"],
+    "saffu.download": ["download_babylm"],
+    "saffu.evaluation": ["language_model_metrics", "pair_counts", "split_metrics"],
+    "saffu.explicit": ["calibrate_temperature", "conditional_probabilities", "explicit_softmax_weights",
+                       "unigram_prior"],
+    "saffu.workdir": ["WorkDir", "open_workdir", "prepare"],
+    "saffu.model": ["Saffu", "init_params", "parameter_count", "saffu_logits", "window_loss"],
+    "saffu.runs": ["evaluate_split", "generate", "load_explicit", "load_params", "save_explicit"],
+    "saffu.solver": ["solve_explicit"],
+    "saffu.training": ["train"],
+    "saffu.transformer": ["Transformer"],
+    "saffu.kneser_ney": ["KneserNeyModel", "fit_kneser_ney", "read_arpa", "write_arpa"],
+    "saffu.statistics": ["Accumulator", "Batch", "accumulate", "accumulate_states", "blend_background",
+                         "document_context", "feature_target", "local_mesh", "merge_states",
+                         "offset_cooccurrence", "unigram_counts"],
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    """Import the module that defines ``name`` on first use (PEP 562)."""
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'saffu' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -10,6 +10,17 @@ from pathlib import Path
 from typing import IO, Any, Iterator, Mapping
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+#: Mode of every file saffu writes: readable (and writable) as the user's umask allows, like
+#: ``open(path, "w")``, not the owner-only 0600 of a bare temporary file.
+FILE_MODE = 0o666 & ~_umask()
+
+
 class SaffuError(Exception):
     """An error caused by the user's input, reported by the CLI as one line (no traceback).
 
@@ -17,11 +28,17 @@ class SaffuError(Exception):
     """
 
 
+class SaffuWarning(UserWarning):
+    """Something the user should look at that does not stop the work (the CLI prints it as
+    one ``saffu: warning: …`` line)."""
+
+
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike, mode: str = "wb", **kwargs) -> Iterator[IO]:
     """``with atomic_open(path, "w") as handle: ...`` — writes go to a temporary file beside
     ``path`` that replaces it only when the block ends without error (and is removed
-    otherwise), so readers never see a half-written file. ``kwargs`` go to ``open``."""
+    otherwise), so readers never see a half-written file. The file gets the mode the umask
+    gives any new file (:data:`FILE_MODE`). ``kwargs`` go to ``open``."""
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -29,6 +46,7 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb", **kwargs) -> Iterator
     except OSError as err:
         raise SaffuError(f"cannot write {path}: {err.strerror}; choose a writable location") from None
     try:
+        os.chmod(tmp, FILE_MODE)
         with os.fdopen(fd, mode, **kwargs) as handle:
             yield handle
         os.replace(tmp, path)

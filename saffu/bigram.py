@@ -14,8 +14,10 @@ with Adam from the explicit solution (warm start) or from random init (cold star
 from __future__ import annotations
 
 import dataclasses
+import io
 import math
 import time
+from pathlib import Path
 from typing import Callable, NamedTuple
 
 import jax
@@ -25,28 +27,12 @@ import optax
 from tqdm.auto import tqdm
 
 from saffu import statistics
-from saffu.codes import CipherConfig, bit_cipher_codes, code_background, sparse_bit_cipher
+from saffu._io import atomic_write_bytes
+from saffu.codes import bit_cipher_codes, code_background, sparse_bit_cipher
+from saffu.configs import BigramConfig, BigramTrainConfig, CipherConfig
 from saffu.evaluation import pair_counts
-from saffu.explicit import Smoothing, calibrate_temperature, explicit_softmax_weights, unigram_prior
-from saffu.prepare import WorkDir
-
-
-@dataclasses.dataclass(frozen=True)
-class BigramConfig:
-    """Explicit bigram options.
-
-    Attributes:
-      cipher: code bits and background blend.
-      smoothing: smoothing of ``P(j | k)`` (Dirichlet around the unigram prior by default).
-      holdout_tokens: the last tokens of the training stream, left out of the counts and
-        used only to calibrate ``β`` (0 disables calibration, ``β = 1``).
-      chunk_size: targets per device per accumulator step.
-    """
-
-    cipher: CipherConfig = CipherConfig()
-    smoothing: Smoothing = Smoothing()
-    holdout_tokens: int = 100_000
-    chunk_size: int = 1 << 15
+from saffu.explicit import calibrate_temperature, explicit_softmax_weights, unigram_prior
+from saffu.workdir import WorkDir
 
 
 class BigramModel(NamedTuple):
@@ -128,32 +114,41 @@ def fit_explicit_bigram(workdir: WorkDir, config: BigramConfig = BigramConfig(),
     return model_at(beta), report
 
 
-@dataclasses.dataclass(frozen=True)
-class BigramTrainConfig:
-    """Adam training of the bigram layer.
+def unigram_log_prior(workdir: WorkDir, progress: bool = True) -> np.ndarray:
+    """The unigram model of the training split: ``log p``, ``float64[V]`` (add-one smoothed,
+    :func:`saffu.explicit.unigram_prior`), from one statistics pass."""
+    stats = statistics.accumulate(workdir.tokens(workdir.train_split),
+                                  {"unigram": statistics.unigram_counts(workdir.vocab_size)},
+                                  progress="statistics" if progress else None)
+    return np.log(unigram_prior(stats["unigram"]))
 
-    Attributes:
-      steps: optimizer steps (``0`` = one epoch over the training split).
-      batch_size: (head, target) pairs per step, drawn without replacement in a seeded
-        shuffled order.
-      learning_rate: peak of a linear warm-up + cosine decay schedule.
-      warmup_steps: linear warm-up length.
-      clip_norm: global gradient-norm clip.
-      eval_every: dev evaluation period in steps (also at the end).
-      seed: PRNG seed (init and data order use separate streams).
-      init_scale: standard deviation of the random init.
-      adam_eps: Adam's epsilon (larger values damp the steps of rarely-updated weights).
-    """
 
-    steps: int = 0
-    batch_size: int = 4096
-    learning_rate: float = 0.02
-    warmup_steps: int = 20
-    clip_norm: float = 1.0
-    eval_every: int = 100
-    seed: int = 0
-    init_scale: float = 0.02
-    adam_eps: float = 1e-8
+def unigram_nll(log_prior: np.ndarray, pairs: tuple[np.ndarray, np.ndarray, np.ndarray]) -> float:
+    """Total NLL (nats) of :func:`saffu.evaluation.pair_counts` pairs under the unigram ``log_prior``."""
+    _, targets, counts = pairs
+    return float(-(counts * log_prior[targets]).sum())
+
+
+def save_offset_statistics(workdir: WorkDir, path: str | Path | None, bits: int, radius: int,
+                           chunk_size: int = BigramConfig.chunk_size, progress: bool = True) -> dict:
+    """Offset co-occurrences ``F_δ`` (``float64[M, K, V]``, δ < ``radius``) of the cipher codes
+    with the next token, and unigram counts, from one pass over the training split, written to
+    ``path`` as ``statistics.npz`` (keys ``offset_cooccurrence``, ``unigram``, ``bits``,
+    ``radius``; nothing is written when ``path`` is None, as on every process but the first of
+    a multi-process job). Returns ``offset_stats_seconds`` and ``offset_stats_tokens_per_s``."""
+    stream = workdir.tokens(workdir.train_split)
+    codes = sparse_bit_cipher(workdir.vocab_size, bits)
+    stats = statistics.accumulate(
+        stream, {"offset_cooccurrence": statistics.offset_cooccurrence(codes, workdir.vocab_size, radius),
+                 "unigram": statistics.unigram_counts(workdir.vocab_size)},
+        chunk_size=chunk_size, progress=f"offsets M={radius}" if progress else None)
+    if path is not None:
+        buffer = io.BytesIO()
+        np.savez(buffer, offset_cooccurrence=stats["offset_cooccurrence"], unigram=stats["unigram"],
+                 bits=bits, radius=radius)
+        atomic_write_bytes(path, buffer.getvalue())
+    return {"offset_stats_seconds": stats["seconds"],
+            "offset_stats_tokens_per_s": (len(stream) - 1) / stats["seconds"]}
 
 
 def random_bigram(vocab_size: int, cipher: CipherConfig, key: jax.Array, scale: float) -> BigramModel:

@@ -1,29 +1,82 @@
 """The ``saffu`` command line: thin wrappers that parse flags into configs and call the library.
 
 Every command prints a human summary, accepts ``--metrics-json PATH`` for a flat JSON object
-of its figures, and reports bad input as one ``saffu: error: …`` line (exit status 2).
+of its figures (checked before any work starts), and reports bad input as one
+``saffu: error: …`` line (exit status 2). Defaults come from the config dataclasses of
+:mod:`saffu.configs` and ``--help`` shows them. Nothing heavy is imported before a command
+runs, so ``saffu --help`` answers at once.
 """
 
 from __future__ import annotations
 
 import argparse
-import io
+import math
+import os
+import shutil
 import sys
 import time
+import warnings
 from pathlib import Path
 
-import numpy as np
-
-from saffu._io import SaffuError, atomic_write_bytes, write_metrics
+from saffu import configs
+from saffu._io import SaffuError, SaffuWarning, write_metrics
 
 DEFAULT_CORPUS = Path(__file__).resolve().parent.parent / "data" / "default_corpus"
 SHARED_CORPUS = Path("../shared/data/babylm/2023")
+#: Tokens of each split a final evaluation scores unless ``--eval-tokens`` says otherwise
+#: (whole documents, exact bits per byte); ``--eval-tokens 0`` scores whole splits.
+EVAL_TOKENS = 200_000
+
+
+def human(value) -> str:
+    """A figure as a person reads it: ``1,428,424``, ``5.3400``, ``4.48e+11``, ``9,123.4``."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return str(value)
+    if hasattr(value, "item"):  # numpy / jax scalars
+        value = value.item()
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return str(value)
+        if abs(value) >= 1e6:
+            return f"{value:.3e}"
+        if abs(value) >= 1000:
+            return f"{value:,.1f}"
+        return f"{value:.4f}"
+    return str(value)
 
 
 def _print_metrics(title: str, metrics: dict) -> None:
+    """The summary: a title, then ``key  value`` rows with the keys in one aligned column."""
     print(title)
+    width = min(max((len(key) for key in metrics), default=0), 48)
     for key, value in metrics.items():
-        print(f"  {key:>24}: {value:.4f}" if isinstance(value, float) else f"  {key:>24}: {value}")
+        print(f"  {key:<{width}}  {human(value)}")
+
+
+def _say(args, message: str) -> None:
+    """A progress announcement (silenced by ``--quiet``)."""
+    if not getattr(args, "quiet", False):
+        print(message, flush=True)
+
+
+def _check_writable(path: Path | None, flag: str) -> None:
+    """Fail before any work when ``path`` (an output of ``flag``) cannot be written."""
+    if path is None:
+        return
+    path = Path(path)
+    if path.is_dir() and flag == "--metrics-json":
+        raise SaffuError(f"cannot write {flag} {path}: it is a directory; give a file name such as {path / 'metrics.json'}")
+    parent = path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise SaffuError(f"cannot write {flag} {path}: {parent} is a file, not a directory; choose another path")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise SaffuError(f"cannot write {flag} {path}: {parent} is not writable; choose a writable location")
+    if flag == "--run" and path.exists() and not path.is_dir():
+        raise SaffuError(f"cannot use --run {path}: it is a file; give a directory")
 
 
 def _corpus_from_args(args):
@@ -33,16 +86,20 @@ def _corpus_from_args(args):
         if args.dev_files:
             splits["dev"] = args.dev_files
         return text_files_corpus(splits, name=args.corpus_name or "text-files")
+    if args.dev_files:
+        raise SaffuError("--dev-files goes with --train-files; with --corpus the dev split comes from its dev/ folder")
     if args.corpus is None:
         raise SaffuError("give --corpus DIR (BabyLM layout) or --train-files FILE ...")
     return babylm_corpus(args.corpus, name=args.corpus_name)
 
 
 def cmd_prepare(args) -> dict:
-    from saffu.prepare import PrepareConfig, prepare
+    from saffu.workdir import prepare
+    if args.train_split is None:  # text files form a split named "train"; the BabyLM layout's is train_10M
+        args.train_split = "train" if args.train_files else configs.PrepareConfig.train_split
     corpus = _corpus_from_args(args)
-    config = PrepareConfig(vocab_size=args.vocab_size, train_split=args.train_split,
-                           allow_smaller_vocab=args.allow_smaller_vocab)
+    config = configs.PrepareConfig(vocab_size=args.vocab_size, train_split=args.train_split,
+                                   allow_smaller_vocab=args.allow_smaller_vocab, strict=args.strict)
     workdir = prepare(corpus, args.workdir, config, show_progress=not args.quiet)
     metrics = {"vocab_size": workdir.vocab_size, "seconds": workdir.meta["seconds"]}
     for split, info in workdir.meta["splits"].items():
@@ -50,22 +107,18 @@ def cmd_prepare(args) -> dict:
             metrics[f"{split}_{key}"] = value
     _print_metrics(f"prepared {corpus.name} -> {workdir.path}", metrics)
     if workdir.vocab_size < args.vocab_size:
-        print(f"  note: the corpus supports only {workdir.vocab_size} BPE tokens "
-              f"(--vocab-size {args.vocab_size} was asked for)")
+        print(f"  note: the corpus supports only {workdir.vocab_size:,} BPE tokens "
+              f"(--vocab-size {args.vocab_size:,} was asked for)")
     for split, info in workdir.meta["splits"].items():
         if info["replaced_bytes"]:
-            print(f"  note: {split} had {info['replaced_bytes']} invalid UTF-8 sequences, "
-                  f"read as U+FFFD")
+            print(f"  note: {split} had {info['replaced_bytes']:,} invalid UTF-8 sequences, read as U+FFFD")
     return metrics
 
 
-def _bigram_config(args):
-    from saffu.bigram import BigramConfig
-    from saffu.codes import CipherConfig
-    from saffu.explicit import Smoothing
-    return BigramConfig(cipher=CipherConfig(bits=args.bits, background=args.background),
-                        smoothing=Smoothing(kind=args.smoothing, alpha=args.alpha, mu=args.mu),
-                        holdout_tokens=args.holdout_tokens, chunk_size=args.chunk_size)
+def _bigram_config(args) -> configs.BigramConfig:
+    return configs.BigramConfig(cipher=configs.CipherConfig(bits=args.bits, background=args.background),
+                                smoothing=configs.Smoothing(kind=args.smoothing, alpha=args.alpha, mu=args.mu),
+                                holdout_tokens=args.holdout_tokens, chunk_size=args.chunk_size)
 
 
 def _eval_splits(workdir) -> list[str]:
@@ -73,20 +126,19 @@ def _eval_splits(workdir) -> list[str]:
 
 
 def cmd_stats(args) -> dict:
-    from saffu import statistics
-    from saffu.bigram import bigram_nll, fit_explicit_bigram
-    from saffu.codes import sparse_bit_cipher
+    from saffu.bigram import (bigram_nll, fit_explicit_bigram, save_offset_statistics, unigram_log_prior,
+                              unigram_nll)
     from saffu.evaluation import pair_counts, split_metrics
-    from saffu.explicit import unigram_prior
-    from saffu.prepare import open_workdir
+    from saffu.workdir import open_workdir
 
+    writer = True
     if args.num_processes > 1:
         from saffu import distributed
         if not args.coordinator:
             raise SaffuError("--num-processes > 1 needs --coordinator HOST:PORT (process 0's address)")
         distributed.initialize(args.coordinator, args.num_processes, args.process_id)
         if args.process_id != 0:  # every process computes the same totals; process 0 writes them
-            args.metrics_json, args.write_outputs = None, False
+            args.metrics_json, writer = None, False
     workdir = open_workdir(args.workdir)
     config = _bigram_config(args)
     start = time.perf_counter()
@@ -95,31 +147,18 @@ def cmd_stats(args) -> dict:
         model, report = fit_explicit_bigram(workdir, config, progress=not args.quiet)
         metrics.update({"bits": config.cipher.bits, **report})
         nll = lambda pairs: bigram_nll(model, pairs)
-    else:  # unigram
-        stream = workdir.tokens(workdir.train_split)
-        stats = statistics.accumulate(stream, {"unigram": statistics.unigram_counts(workdir.vocab_size)},
-                                      progress=None if args.quiet else "statistics")
-        log_prior = np.log(unigram_prior(stats["unigram"]))
-        nll = lambda pairs: float(-(pairs[2] * log_prior[pairs[1]]).sum())
+    else:
+        log_prior = unigram_log_prior(workdir, progress=not args.quiet)
+        nll = lambda pairs: unigram_nll(log_prior, pairs)
     fit_seconds = time.perf_counter() - start
     for split in _eval_splits(workdir):
         pairs = pair_counts(workdir.tokens(split), vocab_size=workdir.vocab_size)
         metrics.update(split_metrics(nll(pairs), workdir.split_info(split), prefix=f"{split}_"))
     metrics["seconds"] = fit_seconds
     if args.radius > 1 or args.save_statistics:
-        sparse = sparse_bit_cipher(workdir.vocab_size, config.cipher.bits)
-        offsets = statistics.accumulate(
-            workdir.tokens(workdir.train_split),
-            {"offset_cooccurrence": statistics.offset_cooccurrence(sparse, workdir.vocab_size, args.radius),
-             "unigram": statistics.unigram_counts(workdir.vocab_size)},
-            chunk_size=config.chunk_size, progress=None if args.quiet else f"offsets M={args.radius}")
-        buffer = io.BytesIO()
-        np.savez(buffer, offset_cooccurrence=offsets["offset_cooccurrence"], unigram=offsets["unigram"],
-                 bits=config.cipher.bits, radius=args.radius)
-        if args.write_outputs:
-            atomic_write_bytes(Path(args.workdir) / "statistics.npz", buffer.getvalue())
-        metrics["offset_stats_seconds"] = offsets["seconds"]
-        metrics["offset_stats_tokens_per_s"] = (len(workdir.tokens(workdir.train_split)) - 1) / offsets["seconds"]
+        path = Path(args.workdir) / "statistics.npz" if writer else None
+        metrics.update(save_offset_statistics(workdir, path, config.cipher.bits, args.radius, config.chunk_size,
+                                              progress=not args.quiet))
     _print_metrics(f"explicit {args.model} model on {workdir.meta['corpus']}", metrics)
     return metrics
 
@@ -136,41 +175,48 @@ def cmd_download(args) -> dict:
 
 def cmd_demo(args) -> dict:
     """Embedded corpus -> tokenizer -> explicit SAFFU -> short Adam warm start -> evaluation,
-    with the explicit bigram for reference."""
+    with the explicit bigram for reference. Every run starts afresh (a rerun replaces the
+    previous demo run)."""
     from saffu.bigram import bigram_nll, fit_explicit_bigram
     from saffu.corpus import babylm_corpus
     from saffu.evaluation import pair_counts, split_metrics
-    from saffu.model import SaffuConfig, parameter_count
-    from saffu.prepare import PrepareConfig, prepare
+    from saffu.model import parameter_count
+    from saffu.workdir import prepare
     from saffu.runs import evaluate_split, save_explicit, save_run_config
-    from saffu.explicit import Smoothing
-    from saffu.solver import SolverConfig, solve_explicit
-    from saffu.training import TrainConfig, train
+    from saffu.solver import solve_explicit
+    from saffu.training import train
 
+    start = time.perf_counter()
     corpus = babylm_corpus(args.corpus, name="saffu-default" if args.corpus == DEFAULT_CORPUS else None)
-    workdir = prepare(corpus, Path(args.workdir) / "data", PrepareConfig(vocab_size=args.vocab_size),
+    workdir = prepare(corpus, Path(args.workdir) / "data", configs.PrepareConfig(vocab_size=args.vocab_size),
                       show_progress=not args.quiet)
     info = workdir.split_info("dev")
     bigram, _ = fit_explicit_bigram(workdir, _bigram_config(args), progress=not args.quiet)
     metrics = split_metrics(bigram_nll(bigram, pair_counts(workdir.tokens("dev"), vocab_size=workdir.vocab_size)),
                             info, "bigram_dev_")
-    config = SaffuConfig(vocab_size=workdir.vocab_size, bits=args.bits, radius=args.radius)
-    params, report = solve_explicit(workdir, config, SolverConfig(smoothing=Smoothing(mu=args.saffu_mu)),
+    config = configs.SaffuConfig(vocab_size=workdir.vocab_size, bits=args.bits, radius=args.radius)
+    _say(args, f"solving explicit SAFFU (radius {args.radius}, {args.bits}-bit codes) on "
+               f"{workdir.split_info(workdir.train_split)['tokens']:,} training tokens")
+    params, report = solve_explicit(workdir, config, configs.SolverConfig(smoothing=configs.Smoothing(mu=args.saffu_mu)),
                                     progress=not args.quiet)
     run = Path(args.workdir) / "saffu"
-    run.mkdir(parents=True, exist_ok=True)
+    if run.exists():   # the demo's own run: a rerun trains again instead of finding it finished
+        shutil.rmtree(run)
+    run.mkdir(parents=True)
     save_run_config(run, config, workdir)
     save_explicit(run, params)
     metrics.update(explicit_seconds=report["seconds"], params=parameter_count(params))
     metrics.update(evaluate_split(params, config, workdir, "dev", progress=not args.quiet, prefix="explicit_dev_"))
+    _say(args, f"warm start: {args.steps} AdamW steps from the explicit solution")
     trained, history = train(config, params, workdir.tokens(workdir.train_split),
-                             TrainConfig(steps=args.steps, learning_rate=args.learning_rate,
-                                         eval_every=args.steps, checkpoint_every=args.steps),
+                             configs.TrainConfig(steps=args.steps, learning_rate=args.learning_rate,
+                                                 eval_every=args.steps, checkpoint_every=args.steps),
                              run, dev_stream=workdir.tokens("dev"), progress=not args.quiet)
-    metrics.update(warm_steps=args.steps, warm_seconds=history[-1]["seconds"] if history else 0.0)
+    metrics.update(warm_steps=args.steps, warm_seconds=history[-1]["seconds"])
     metrics.update(evaluate_split(trained, config, workdir, "dev", progress=not args.quiet, prefix="warm_dev_"))
+    metrics["total_seconds"] = time.perf_counter() - start
     _print_metrics(f"saffu demo on {corpus.name}: explicit bigram, explicit SAFFU (radius {args.radius}), "
-                   f"then {args.steps} Adam steps from it", metrics)
+                   f"then {args.steps} AdamW steps from it", metrics)
     print(f"\nrun directory: {run}  (try: saffu generate --workdir {workdir.path} --run {run})")
     if SHARED_CORPUS.is_dir() and args.corpus == DEFAULT_CORPUS:
         print(f"The BabyLM corpus is at {SHARED_CORPUS}; run the same on it with\n"
@@ -180,41 +226,45 @@ def cmd_demo(args) -> dict:
 
 def _model_config(args, vocab_size: int):
     if getattr(args, "model", "saffu") == "transformer":
-        from saffu.transformer import TransformerConfig
-        return TransformerConfig(vocab_size=vocab_size, width=args.width, layers=args.layers,
-                                 heads=args.attention_heads, mlp_ratio=args.mlp_ratio,
-                                 context_tokens=args.context, max_len=args.max_len)
-    from saffu.model import SaffuConfig
-    return SaffuConfig(vocab_size=vocab_size, bits=args.bits, radius=args.radius, heads=args.heads,
-                       positions=args.positions, hidden=args.hidden, value_form=args.value_form,
-                       blocks=args.blocks)
+        return configs.TransformerConfig(vocab_size=vocab_size, width=args.width, layers=args.layers,
+                                         heads=args.attention_heads, mlp_ratio=args.mlp_ratio,
+                                         context_tokens=args.context, max_len=args.max_len)
+    return configs.SaffuConfig(vocab_size=vocab_size, bits=args.bits, radius=args.radius, heads=args.heads,
+                               positions=args.positions, hidden=args.hidden, value_form=args.value_form,
+                               blocks=args.blocks)
 
 
 def _score_splits(params, config, workdir, args, splits=None) -> dict:
-    """Figures of every non-training split (or ``splits``), limited by ``--eval-tokens``."""
+    """Figures of every non-training split (or ``splits``), bounded by ``--eval-tokens``
+    (whole documents); each split is announced with its size before it is scored."""
     from saffu.runs import evaluate_split
     limit = None if args.eval_tokens == 0 else args.eval_tokens
     metrics = {}
     for split in splits or _eval_splits(workdir):
+        total = workdir.split_info(split)["predicted_tokens"]
+        if limit is None or limit >= total:
+            _say(args, f"evaluating {split}: all {total:,} tokens")
+        else:
+            _say(args, f"evaluating {split}: the first ~{limit:,} of {total:,} tokens, whole documents "
+                       f"(--eval-tokens 0 scores all)")
         metrics.update(evaluate_split(params, config, workdir, split, limit, not args.quiet))
     return metrics
 
 
 def cmd_fit(args) -> dict:
     """Explicit solution of a SAFFU model -> run directory (config + explicit checkpoint)."""
-    from saffu.explicit import Smoothing
     from saffu.model import parameter_count
-    from saffu.prepare import open_workdir
+    from saffu.workdir import open_workdir
     from saffu.runs import save_explicit, save_run_config
-    from saffu.solver import SolverConfig, solve_explicit
+    from saffu.solver import solve_explicit
 
     workdir = open_workdir(args.workdir)
     if args.background:
         raise SaffuError("--background is not supported by the SAFFU solver yet (codes are unblended); "
                          "drop the flag")
     config = _model_config(args, workdir.vocab_size)
-    solver = SolverConfig(smoothing=Smoothing(kind=args.smoothing, alpha=args.alpha, mu=args.mu),
-                          holdout_tokens=args.holdout_tokens, chunk_size=args.chunk_size)
+    solver = configs.SolverConfig(smoothing=configs.Smoothing(kind=args.smoothing, alpha=args.alpha, mu=args.mu),
+                                  holdout_tokens=args.holdout_tokens, chunk_size=args.chunk_size)
     params, report = solve_explicit(workdir, config, solver, progress=not args.quiet)
     Path(args.run).mkdir(parents=True, exist_ok=True)
     save_run_config(args.run, config, workdir)
@@ -228,9 +278,9 @@ def cmd_train(args) -> dict:
     """Backprop from the explicit solution (warm) or from random init (cold)."""
     import jax
     from saffu.model import parameter_count
-    from saffu.prepare import open_workdir
+    from saffu.workdir import open_workdir
     from saffu.runs import load_explicit, load_run_config, save_run_config
-    from saffu.training import TrainConfig, train
+    from saffu.training import data_parallel_mesh, latest_checkpoint_step, steps_per_epoch, train
 
     workdir = open_workdir(args.workdir)
     run = Path(args.run)
@@ -249,33 +299,41 @@ def cmd_train(args) -> dict:
         params = config.init(jax.random.fold_in(jax.random.key(args.seed), 0))
     if config.kind == "saffu":
         workdir.check_radius(config.radius)  # also for explicit runs made from another work directory
-    train_config = TrainConfig(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len,
-                               learning_rate=args.learning_rate, warmup_steps=args.warmup_steps,
-                               weight_decay=args.weight_decay, adam_eps=args.adam_eps,
-                               eval_every=args.eval_every, checkpoint_every=args.checkpoint_every,
-                               seed=args.seed, freeze=tuple(args.freeze), thaw_step=args.thaw_step,
-                               on_nonfinite=args.on_nonfinite)
+    train_config = configs.TrainConfig(
+        steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, learning_rate=args.learning_rate,
+        warmup_steps=args.warmup_steps, weight_decay=args.weight_decay, adam_eps=args.adam_eps,
+        eval_every=args.eval_every, checkpoint_every=args.checkpoint_every, seed=args.seed,
+        freeze=tuple(args.freeze), thaw_step=args.thaw_step, on_nonfinite=args.on_nonfinite)
+    train_stream = workdir.tokens(workdir.train_split)
+    steps = train_config.steps or steps_per_epoch(len(train_stream) - 1, train_config)
+    resumed = latest_checkpoint_step(run)
+    if resumed is not None:
+        _say(args, f"resuming {run} from its checkpoint at step {resumed:,} of {steps:,}")
+    args.on_interrupt = (f"rerun the same command to resume {run} from its last checkpoint "
+                         f"(saved every {train_config.checkpoint_every:,} steps and at the end)")
     dev = workdir.tokens("dev") if "dev" in workdir.meta["splits"] else None
-    show = None if args.quiet else (lambda r: print(f"  step {r['step']:>6}  dev_loss {r['dev_loss']:.4f}  "
+    show = None if args.quiet else (lambda r: print(f"  step {r['step']:>6,}  dev_loss {r['dev_loss']:.4f}  "
                                                     f"train_loss {r['train_loss']:.4f}  {r['seconds']:.1f} s"))
-    from saffu.training import data_parallel_mesh
     mesh = data_parallel_mesh(args.devices or None) if args.devices != 1 else None
-    params, history = train(config, params, workdir.tokens(workdir.train_split), train_config, run,
+    params, history = train(config, params, train_stream, train_config, run,
                             dev_stream=dev, on_eval=show, progress=not args.quiet, mesh=mesh)
     metrics = {"model": config.kind, "init": args.init, "params": parameter_count(params),
-               "steps": history[-1]["step"] if history else 0}
+               "steps": history[-1]["step"] if history else (resumed or 0)}
     if history:
         metrics.update({key: history[-1][key] for key in ("seconds", "tokens", "tokens_per_s", "flops",
                                                           "xla_flops", "peak_rss_mb") if key in history[-1]})
         metrics["train_seconds"] = metrics.pop("seconds")
+    else:
+        _say(args, f"{run} had already finished its {steps:,} steps; nothing to train "
+                   f"(use a new --run, or more --steps, to train further)")
     metrics.update(_score_splits(params, config, workdir, args))
     _print_metrics(f"{args.init}-init training of {run}", metrics)
     return metrics
 
 
 def _load_run(args):
-    """``(workdir, model config, params, which checkpoint)`` of ``--workdir`` / ``--run`` / ``--checkpoint``."""
-    from saffu.prepare import open_workdir
+    """``(workdir, model config, params, which weights)`` of ``--workdir`` / ``--run`` / ``--checkpoint``."""
+    from saffu.workdir import open_workdir
     from saffu.runs import load_params, load_run_config
     workdir = open_workdir(args.workdir)
     config = _check_vocabulary(load_run_config(args.run), workdir, args.run)
@@ -285,14 +343,15 @@ def _load_run(args):
 
 def _check_vocabulary(config, workdir, run):
     if config.vocab_size != workdir.vocab_size:
-        raise SaffuError(f"run {run} has a {config.vocab_size}-token model but {workdir.path} a "
-                         f"{workdir.vocab_size}-token tokenizer; use the work directory the run was made from")
+        raise SaffuError(f"run {run} has a model of {config.vocab_size:,} tokens but {workdir.path} a tokenizer "
+                         f"of {workdir.vocab_size:,}; use the work directory the run was made from")
     return config
 
 
 def cmd_eval(args) -> dict:
+    """Loss, perplexity and bits per byte of a run's latest (or explicit) weights."""
     workdir, config, params, which = _load_run(args)
-    metrics = {"checkpoint": which, **_score_splits(params, config, workdir, args, args.split)}
+    metrics = {"weights": which, **_score_splits(params, config, workdir, args, args.split)}
     _print_metrics(f"{args.run} ({which})", metrics)
     return metrics
 
@@ -301,8 +360,8 @@ def cmd_blimp(args) -> dict:
     """BLiMP accuracy of a run: overall, per field, per paradigm."""
     from saffu.blimp import evaluate_blimp
     workdir, config, params, which = _load_run(args)
-    metrics = {"checkpoint": which, **evaluate_blimp(params, config, workdir.tokenizer(), args.blimp,
-                                                      progress=not args.quiet)}
+    metrics = {"weights": which, **evaluate_blimp(params, config, workdir.tokenizer(), args.blimp,
+                                                   progress=not args.quiet)}
     _print_metrics(f"BLiMP of {args.run} ({which})", metrics)
     return metrics
 
@@ -312,7 +371,7 @@ def cmd_ngram(args) -> dict:
     BLiMP."""
     from saffu import accounting, kneser_ney
     from saffu.evaluation import split_metrics
-    from saffu.prepare import open_workdir
+    from saffu.workdir import open_workdir
     if not 1 <= args.order <= 9:
         raise SaffuError(f"--order must be between 1 and 9, got {args.order}")
     workdir = open_workdir(args.workdir)
@@ -350,6 +409,7 @@ def cmd_ngram(args) -> dict:
 
 
 def cmd_generate(args) -> dict:
+    """Sample documents from a run."""
     import jax
     from saffu.runs import generate
     workdir, config, params, which = _load_run(args)
@@ -358,64 +418,113 @@ def cmd_generate(args) -> dict:
     print(f"{len(texts)} samples from {args.run} ({which}):")
     for text in texts:
         print(f"  > {text}")
-    return {"checkpoint": which, "samples": len(texts), "mean_chars": float(np.mean([len(t) for t in texts])),
+    return {"weights": which, "samples": len(texts), "mean_chars": sum(map(len, texts)) / max(len(texts), 1),
             **{f"sample_{i}": t for i, t in enumerate(texts)}}
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Shows every option's default (taken from the configs) after its help."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        default = action.default
+        if (default is not None and default is not argparse.SUPPRESS and default is not False
+                and default != [] and action.option_strings and "%(default)" not in text):
+            text += " (default: %(default)s)"
+        return text
 
 
 def _add_common(parser):
     parser.add_argument("--metrics-json", type=Path, help="write the figures as a flat JSON object here")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars or announcements")
 
 
-def _add_model_flags(parser):
-    parser.add_argument("--bits", type=int, default=128, help="bit-cipher bits b (codes have b+1 dims)")
-    parser.add_argument("--background", type=float, default=0.0, help="background blend weight λ in [0,1)")
-    parser.add_argument("--smoothing", choices=["dirichlet", "additive", "noise"], default="dirichlet")
-    parser.add_argument("--mu", type=float, default=100.0, help="Dirichlet prior strength")
-    parser.add_argument("--alpha", type=float, default=0.5, help="additive / noise pseudo-count")
-    parser.add_argument("--holdout-tokens", type=int, default=100_000,
-                        help="training-stream tail held out of the counts to calibrate β (0: β=1)")
-    parser.add_argument("--chunk-size", type=int, default=1 << 15, help="targets per device per step")
+def _add_model_flags(parser, smoothing: configs.Smoothing, holdout_tokens: int, chunk_size: int, what: str):
+    """Code and smoothing flags; the defaults are those of the config that ``what`` uses."""
+    parser.add_argument("--bits", type=int, default=configs.CipherConfig.bits,
+                        help="bit-cipher bits b (codes have b+1 dims)")
+    parser.add_argument("--background", type=float, default=configs.CipherConfig.background,
+                        help="background blend weight λ in [0,1)")
+    parser.add_argument("--smoothing", choices=configs.SMOOTHING_KINDS, default=smoothing.kind,
+                        help=f"smoothing of {what}")
+    parser.add_argument("--mu", type=float, default=smoothing.mu, help=f"Dirichlet prior strength of {what}")
+    parser.add_argument("--alpha", type=float, default=smoothing.alpha, help="additive / noise pseudo-count")
+    parser.add_argument("--holdout-tokens", type=int, default=holdout_tokens,
+                        help="training-stream tail held out of the counts to calibrate temperatures (0: all 1)")
+    parser.add_argument("--chunk-size", type=int, default=chunk_size, help="targets per device per statistics step")
+
+
+def _add_bigram_flags(parser):
+    bigram = configs.BigramConfig
+    _add_model_flags(parser, bigram.smoothing, bigram.holdout_tokens, bigram.chunk_size,
+                     "the bigram layer's P(next | code)")
 
 
 def _add_architecture_flags(parser):
-    parser.add_argument("--radius", type=int, default=8, help="context rows M per block")
-    parser.add_argument("--heads", type=int, default=1, help="attention heads (head h attends over M >> h rows)")
-    parser.add_argument("--positions", type=int, default=2, help="nearest rows with their own output group")
-    parser.add_argument("--hidden", type=int, default=0, help="0: direct output layer; D: softmax hidden chain")
-    parser.add_argument("--value-form", choices=["linear", "log"], default="linear")
-    parser.add_argument("--blocks", type=int, default=1, help="stacked SAFFU blocks")
+    saffu = configs.SaffuConfig
+    parser.add_argument("--radius", type=int, default=saffu.radius, help="context rows M per block")
+    parser.add_argument("--heads", type=int, default=saffu.heads,
+                        help="attention heads (head h attends over M >> h rows)")
+    parser.add_argument("--positions", type=int, default=saffu.positions,
+                        help="nearest rows with their own output group")
+    parser.add_argument("--hidden", type=int, default=saffu.hidden,
+                        help="0: direct output layer; D: softmax hidden chain")
+    parser.add_argument("--value-form", choices=configs.VALUE_FORMS, default=saffu.value_form,
+                        help="attended value: linear, or log-space (geometric mixture)")
+    parser.add_argument("--blocks", type=int, default=saffu.blocks, help="stacked SAFFU blocks")
 
 
-def _add_eval_flags(parser):
-    parser.add_argument("--eval-tokens", type=int, default=0,
-                        help="score only the first N tokens of each split (0: all, with bits per byte)")
+def _add_eval_flags(parser, default: int = EVAL_TOKENS):
+    parser.add_argument("--eval-tokens", type=int, default=default,
+                        help="score about this many tokens of each split, whole documents with exact bits per "
+                             "byte (0: whole splits)")
+
+
+def _add_run_flags(parser, explicit_help: str = "the latest training checkpoint, or the explicit solution "
+                                                "when there is none"):
+    parser.add_argument("--workdir", type=Path, required=True, help="work directory of `saffu prepare`")
+    parser.add_argument("--run", type=Path, required=True, help="run directory (of `saffu fit` or `saffu train`)")
+    parser.add_argument("--checkpoint", choices=["latest", "explicit"], default="latest",
+                        help=f"latest: {explicit_help}; explicit: the explicit solution")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="saffu", description="Explicit (closed-form) SAFFU language models.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    """The ``saffu`` parser; building it imports nothing heavy."""
+    parser = argparse.ArgumentParser(prog="saffu", description="Explicit (closed-form) SAFFU language models.",
+                                     formatter_class=_HelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("prepare", help="corpus -> tokenizer + memory-mapped token streams",
-                       description="Train a byte-level BPE on the training split, re-rank ids by "
-                                   "frequency and write every split's token stream to the work directory.")
+    def command(name, help, description, run_command):
+        p = sub.add_parser(name, help=help, description=description, formatter_class=_HelpFormatter)
+        p.set_defaults(run_command=run_command)
+        return p
+
+    train = configs.TrainConfig
+    p = command("prepare", "corpus -> tokenizer + memory-mapped token streams",
+                "Train a byte-level BPE on the training split, re-rank ids by frequency and write every "
+                "split's token stream to the work directory.", cmd_prepare)
     p.add_argument("--corpus", type=Path, help="BabyLM-layout folder (train_10M/, dev/, ...)")
     p.add_argument("--train-files", nargs="+", help="plain-text training files instead of --corpus")
     p.add_argument("--dev-files", nargs="+", help="plain-text dev files (with --train-files)")
-    p.add_argument("--workdir", type=Path, required=True)
-    p.add_argument("--vocab-size", type=int, default=8192)
-    p.add_argument("--train-split", default="train_10M", help="train_10M or train_100M")
+    p.add_argument("--workdir", type=Path, required=True, help="work directory to create")
+    p.add_argument("--vocab-size", type=int, default=configs.PrepareConfig.vocab_size,
+                   help="BPE vocabulary size, <pad> and <eod> included")
+    p.add_argument("--train-split",
+                   help="the split to train on: train_10M or train_100M of a BabyLM folder (default: train_10M; "
+                        "with --train-files the split is called train)")
     p.add_argument("--allow-smaller-vocab", action="store_true",
                    help="accept fewer tokens than --vocab-size when the corpus supports no more merges")
+    p.add_argument("--strict", action="store_true",
+                   help=f"refuse a split that is mostly not text (more than "
+                        f"{100 * configs.PrepareConfig.max_replaced_share:.0f}%% invalid UTF-8) instead of warning")
     p.add_argument("--corpus-name", help="label for reports (default: the folder name), "
                                          "e.g. babylm-2023-4src for ../shared/data/babylm/2023")
     _add_common(p)
-    p.set_defaults(run_command=cmd_prepare)
 
-    p = sub.add_parser("stats", help="streaming statistics + explicit model + dev figures",
-                       description="Stream the training split through the accumulators, solve the "
-                                   "explicit model and score every other split.")
-    p.add_argument("--workdir", type=Path, required=True)
+    p = command("stats", "streaming statistics + explicit bigram or unigram + dev figures",
+                "Stream the training split through the accumulators, solve the explicit model and score "
+                "every other split.", cmd_stats)
+    p.add_argument("--workdir", type=Path, required=True, help="work directory of `saffu prepare`")
     p.add_argument("--model", choices=["bigram", "unigram"], default="bigram")
     p.add_argument("--radius", type=int, default=1,
                    help="also compute and save offset statistics F_δ, δ < radius, to statistics.npz")
@@ -424,124 +533,139 @@ def build_parser() -> argparse.ArgumentParser:
                    help="processes (hosts) in a multi-process job; each streams its own documents")
     p.add_argument("--process-id", type=int, default=0, help="this process's index in [0, num-processes)")
     p.add_argument("--coordinator", help="HOST:PORT of process 0 (jax.distributed)")
-    p.set_defaults(write_outputs=True)
-    _add_model_flags(p)
+    _add_bigram_flags(p)
     _add_common(p)
-    p.set_defaults(run_command=cmd_stats)
 
-    p = sub.add_parser("fit", help="explicit SAFFU solution -> run directory (no backprop)",
-                       description="Solve a SAFFU model stage by stage from streaming statistics, save it "
-                                   "to --run and score every non-training split.")
-    p.add_argument("--workdir", type=Path, required=True)
+    p = command("fit", "explicit SAFFU solution -> run directory (no backprop)",
+                "Solve a SAFFU model stage by stage from streaming statistics, save it to --run and score "
+                "every non-training split (about --eval-tokens tokens each).", cmd_fit)
+    p.add_argument("--workdir", type=Path, required=True, help="work directory of `saffu prepare`")
     p.add_argument("--run", type=Path, required=True, help="run directory to create")
     _add_architecture_flags(p)
-    _add_model_flags(p)
-    p.set_defaults(holdout_tokens=16_384, chunk_size=1 << 12, mu=3000.0)
+    solver = configs.SolverConfig
+    _add_model_flags(p, solver.smoothing, solver.holdout_tokens, solver.chunk_size,
+                     "every SAFFU stage's conditional distributions")
     _add_eval_flags(p)
     _add_common(p)
-    p.set_defaults(run_command=cmd_fit)
 
-    p = sub.add_parser("train", help="backprop with optax from explicit (warm) or random (cold) init",
-                       description="Train a SAFFU model; resumes from --run/checkpoints when present.")
-    p.add_argument("--workdir", type=Path, required=True)
-    p.add_argument("--run", type=Path, required=True)
-    p.add_argument("--init", choices=["explicit", "random"], required=True)
+    p = command("train", "backprop with optax from explicit (warm) or random (cold) init",
+                "Train a SAFFU model (or the transformer baseline); a rerun resumes from --run's last "
+                "checkpoint. Ends with an evaluation of about --eval-tokens tokens per split.", cmd_train)
+    p.add_argument("--workdir", type=Path, required=True, help="work directory of `saffu prepare`")
+    p.add_argument("--run", type=Path, required=True, help="run directory (of `saffu fit` for --init explicit)")
+    p.add_argument("--init", choices=["explicit", "random"], required=True,
+                   help="explicit: warm start from --run's explicit solution; random: cold start")
     p.add_argument("--model", choices=["saffu", "transformer"], default="saffu",
                    help="architecture of a new random-init run (an existing run keeps its own)")
     _add_architecture_flags(p)
+    tf = configs.TransformerConfig
     t = p.add_argument_group("transformer (with --model transformer)")
-    t.add_argument("--width", type=int, default=128, help="model width d")
-    t.add_argument("--layers", type=int, default=5, help="transformer blocks")
-    t.add_argument("--attention-heads", type=int, default=4)
-    t.add_argument("--mlp-ratio", type=int, default=4, help="MLP hidden width = ratio · d")
-    t.add_argument("--context", type=int, default=32, help="left-context tokens before each window's targets")
-    t.add_argument("--max-len", type=int, default=512, help="longest window (learned positions)")
-    p.add_argument("--bits", type=int, default=128)
-    p.add_argument("--steps", type=int, default=0, help="0: one epoch")
-    p.add_argument("--batch-size", type=int, default=16, help="windows per step")
-    p.add_argument("--seq-len", type=int, default=256, help="targets per window")
-    p.add_argument("--learning-rate", type=float, default=3e-3)
-    p.add_argument("--warmup-steps", type=int, default=50)
-    p.add_argument("--weight-decay", type=float, default=0.0)
-    p.add_argument("--adam-eps", type=float, default=1e-8)
-    p.add_argument("--eval-every", type=int, default=100)
-    p.add_argument("--checkpoint-every", type=int, default=200)
-    p.add_argument("--seed", type=int, default=0)
+    t.add_argument("--width", type=int, default=tf.width, help="model width d")
+    t.add_argument("--layers", type=int, default=tf.layers, help="transformer blocks")
+    t.add_argument("--attention-heads", type=int, default=tf.heads, help="attention heads per block")
+    t.add_argument("--mlp-ratio", type=int, default=tf.mlp_ratio, help="MLP hidden width = ratio · d")
+    t.add_argument("--context", type=int, default=tf.context_tokens,
+                   help="left-context tokens before each window's targets")
+    t.add_argument("--max-len", type=int, default=tf.max_len, help="longest window (learned positions)")
+    p.add_argument("--bits", type=int, default=configs.SaffuConfig.bits, help="bit-cipher bits of a SAFFU model")
+    p.add_argument("--steps", type=int, default=train.steps, help="optimizer steps (0: one epoch)")
+    p.add_argument("--batch-size", type=int, default=train.batch_size, help="windows per step")
+    p.add_argument("--seq-len", type=int, default=train.seq_len, help="targets per window")
+    p.add_argument("--learning-rate", type=float, default=train.learning_rate, help="peak of warm-up + cosine")
+    p.add_argument("--warmup-steps", type=int, default=train.warmup_steps, help="linear warm-up steps")
+    p.add_argument("--weight-decay", type=float, default=train.weight_decay, help="AdamW decoupled weight decay")
+    p.add_argument("--adam-eps", type=float, default=train.adam_eps, help="Adam's epsilon")
+    p.add_argument("--eval-every", type=int, default=train.eval_every,
+                   help="steps between dev evaluations on evenly spaced dev windows")
+    p.add_argument("--checkpoint-every", type=int, default=train.checkpoint_every, help="steps between checkpoints")
+    p.add_argument("--seed", type=int, default=train.seed, help="seed of the data order and the random init")
     p.add_argument("--freeze", nargs="*", default=[], help="parameter names frozen until --thaw-step")
-    p.add_argument("--thaw-step", type=int, default=0)
+    p.add_argument("--thaw-step", type=int, default=train.thaw_step, help="step at which frozen parameters train")
     p.add_argument("--devices", type=int, default=1,
                    help="data-parallel over this many local devices (0: all); the batch is split over them")
-    p.add_argument("--on-nonfinite", choices=["stop", "skip"], default="stop",
+    p.add_argument("--on-nonfinite", choices=["stop", "skip"], default=train.on_nonfinite,
                    help="a step with a non-finite loss is never applied: stop with an error, or skip it")
     _add_eval_flags(p)
     _add_common(p)
-    p.set_defaults(run_command=cmd_train)
 
-    p = sub.add_parser("eval", help="loss, perplexity, bits per byte of a run")
-    p.add_argument("--workdir", type=Path, required=True)
-    p.add_argument("--run", type=Path, required=True)
+    p = command("eval", "loss, perplexity, bits per byte of a run",
+                "Score a run's weights on every non-training split (or --split): loss in nats/token, "
+                "perplexity, bits per byte and per-word perplexity.", cmd_eval)
+    _add_run_flags(p)
     p.add_argument("--split", nargs="*", help="splits to score (default: all but training)")
-    p.add_argument("--checkpoint", choices=["latest", "explicit"], default="latest")
     _add_eval_flags(p)
     _add_common(p)
-    p.set_defaults(run_command=cmd_eval)
 
-    p = sub.add_parser("blimp", help="BLiMP minimal-pair accuracy of a run")
-    p.add_argument("--workdir", type=Path, required=True)
-    p.add_argument("--run", type=Path, required=True)
+    p = command("blimp", "BLiMP minimal-pair accuracy of a run",
+                "Score every BLiMP pair (good sentence above bad, ties wrong) with a run's weights: "
+                "accuracy overall, per field and per paradigm.", cmd_blimp)
+    _add_run_flags(p)
     p.add_argument("--blimp", type=Path, required=True, help="folder of BLiMP paradigm *.jsonl files")
-    p.add_argument("--checkpoint", choices=["latest", "explicit"], default="latest")
     _add_common(p)
-    p.set_defaults(run_command=cmd_blimp)
 
-    p = sub.add_parser("ngram", help="Kneser-Ney n-gram baseline from the engine's counts (+ ARPA, BLiMP)",
-                       description="Count n-grams of the training split (documents never crossed), estimate "
-                                   "interpolated modified Kneser-Ney, score every other split, optionally "
-                                   "write the ARPA file (kenlm loads it) and score BLiMP.")
-    p.add_argument("--workdir", type=Path, required=True)
-    p.add_argument("--order", type=int, default=5)
+    p = command("ngram", "Kneser-Ney n-gram baseline from the engine's counts (+ ARPA, BLiMP)",
+                "Count n-grams of the training split (documents never crossed), estimate interpolated "
+                "modified Kneser-Ney, score every other split, optionally write the ARPA file (kenlm "
+                "loads it) and score BLiMP.", cmd_ngram)
+    p.add_argument("--workdir", type=Path, required=True, help="work directory of `saffu prepare`")
+    p.add_argument("--order", type=int, default=5, help="n-gram order, 1 to 9")
     p.add_argument("--arpa", type=Path, help="write the model as an ARPA file here")
     p.add_argument("--blimp", type=Path, help="folder of BLiMP paradigm *.jsonl files")
     _add_common(p)
-    p.set_defaults(run_command=cmd_ngram)
 
-    p = sub.add_parser("generate", help="sample documents from a run")
-    p.add_argument("--workdir", type=Path, required=True)
-    p.add_argument("--run", type=Path, required=True)
-    p.add_argument("--checkpoint", choices=["latest", "explicit"], default="latest")
-    p.add_argument("--num-samples", type=int, default=3)
-    p.add_argument("--max-tokens", type=int, default=60)
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=50, help="0: sample from the whole vocabulary")
-    p.add_argument("--seed", type=int, default=0)
+    p = command("generate", "sample documents from a run",
+                "Sample documents from a run's weights, each from a document start to its <eod> or "
+                "--max-tokens.", cmd_generate)
+    _add_run_flags(p)
+    p.add_argument("--num-samples", type=int, default=3, help="documents to sample")
+    p.add_argument("--max-tokens", type=int, default=60, help="longest sample")
+    p.add_argument("--temperature", type=float, default=1.0, help="softmax temperature (> 0)")
+    p.add_argument("--top-k", type=int, default=50, help="sample among the k most likely tokens (0: all)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed")
     _add_common(p)
-    p.set_defaults(run_command=cmd_generate)
 
-    p = sub.add_parser("download", help="download the official BabyLM release (needs internet)")
+    p = command("download", "download the official BabyLM release (needs internet)",
+                "Fetch the BabyLM release zip and lay it out as <dest>/train_10M, dev, test, train_100M.",
+                cmd_download)
     p.add_argument("--dest", type=Path, required=True, help="new folder for the corpus")
-    from saffu.download import BABYLM_2023_URL
-    p.add_argument("--url", default=BABYLM_2023_URL)
+    p.add_argument("--url", default=configs.BABYLM_2023_URL, help="release archive (any URL, file:// included)")
     p.add_argument("--sha256", help="expected checksum of the archive")
     _add_common(p)
-    p.set_defaults(run_command=cmd_download)
 
-    p = sub.add_parser("demo", help="the main job on the embedded corpus: explicit init, warm start, evaluation")
-    p.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS)
-    p.add_argument("--workdir", type=Path, default=Path("runs/demo"))
-    p.add_argument("--vocab-size", type=int, default=512)
-    p.add_argument("--radius", type=int, default=8, help="SAFFU context rows")
-    p.add_argument("--saffu-mu", type=float, default=3000.0, help="Dirichlet strength of the SAFFU solver")
-    p.add_argument("--steps", type=int, default=40, help="Adam warm-start steps")
-    p.add_argument("--learning-rate", type=float, default=3e-3)
-    _add_model_flags(p)
+    p = command("demo", "the main job on the embedded corpus: explicit init, warm start, evaluation",
+                "Prepare the embedded corpus, solve the explicit bigram and an explicit SAFFU model, run a "
+                "short AdamW warm start from it and score dev after each stage. A rerun starts afresh.",
+                cmd_demo)
+    p.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS, help="BabyLM-layout folder")
+    p.add_argument("--workdir", type=Path, default=Path("runs/demo"), help="folder for everything the demo writes")
+    p.add_argument("--vocab-size", type=int, default=512, help="BPE vocabulary size")
+    p.add_argument("--radius", type=int, default=configs.SaffuConfig.radius, help="SAFFU context rows")
+    p.add_argument("--saffu-mu", type=float, default=configs.SolverConfig.smoothing.mu,
+                   help="Dirichlet strength of the SAFFU solver")
+    p.add_argument("--steps", type=int, default=40, help="AdamW warm-start steps")
+    p.add_argument("--learning-rate", type=float, default=train.learning_rate, help="peak learning rate")
+    _add_bigram_flags(p)
     _add_common(p)
-    p.set_defaults(run_command=cmd_demo)
     return parser
+
+
+def _one_line_warnings(show):
+    """``warnings.showwarning`` that prints a :class:`SaffuWarning` as one ``saffu: warning:`` line."""
+    def showwarning(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, SaffuWarning):
+            print(f"saffu: warning: {message}", file=sys.stderr)
+        else:
+            show(message, category, filename, lineno, file, line)
+    return showwarning
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    warnings.showwarning = _one_line_warnings(warnings.showwarning)
     try:
+        _check_writable(args.metrics_json, "--metrics-json")
+        if args.command in ("fit", "train"):
+            _check_writable(args.run, "--run")
         metrics = args.run_command(args)
         write_metrics(args.metrics_json, metrics)
     except SaffuError as err:
@@ -551,7 +675,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"saffu: numerical error: {err}", file=sys.stderr)
         return 3
     except KeyboardInterrupt:
-        print("saffu: interrupted", file=sys.stderr)
+        hint = getattr(args, "on_interrupt", None)
+        print(f"saffu: interrupted{'; ' + hint if hint else ''}", file=sys.stderr)
         return 130
     return 0
 

@@ -16,34 +16,14 @@ the dense form is rebuilt from it.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from typing import NamedTuple
 
 import numpy as np
 
 from saffu._io import SaffuError
+from saffu.configs import NUM_SPECIAL, CipherConfig, min_bits
 from saffu.tokenizer import EOD_ID, PAD_ID
-
-NUM_SPECIAL = 2
-
-
-@dataclasses.dataclass(frozen=True)
-class CipherConfig:
-    """Bit-cipher options.
-
-    Attributes:
-      bits: number of code bits ``b``; codes have ``K = b + 1`` coordinates.
-      background: weight ``λ`` of the frequency background in ``(1 − λ) v + λ background``
-        (0 keeps codes sparse; the formulation writes the code weight as ``β = 1 − λ``).
-    """
-
-    bits: int = 128
-    background: float = 0.0
-
-    @property
-    def dim(self) -> int:
-        return self.bits + 1
 
 
 class SparseCodes(NamedTuple):
@@ -62,12 +42,6 @@ class SparseCodes(NamedTuple):
     @property
     def max_level(self) -> int:
         return self.bit_index.shape[1]
-
-
-def min_bits(vocab_size: int) -> int:
-    """Smallest ``b`` with ``2**b − 1 ≥ vocab_size − 2`` (all regular codes distinct, non-zero)."""
-    regular = max(vocab_size - NUM_SPECIAL, 1)
-    return int(np.ceil(np.log2(regular + 1)))
 
 
 def sparse_bit_cipher(vocab_size: int, bits: int) -> SparseCodes:

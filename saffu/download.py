@@ -19,9 +19,9 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from saffu._io import SaffuError
+from saffu.configs import BABYLM_2023_URL
 
 #: Where the BabyLM organisers published the 2023 data (the site's repository).
-BABYLM_2023_URL = "https://github.com/babylm/babylm.github.io/raw/main/babylm_data.zip"
 
 _FOLDERS = {"babylm_10M": "train_10M", "babylm_100M": "train_100M", "babylm_dev": "dev",
             "babylm_test": "test"}

@@ -9,43 +9,13 @@ normalised geometric mixture ``∏_i P(j | i)^{x_i}`` otherwise. Zero counts are
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Callable
 
 import numpy as np
 import scipy.optimize
 
 from saffu._io import SaffuError
-
-SMOOTHING_KINDS = ("dirichlet", "additive", "noise")
-
-
-@dataclasses.dataclass(frozen=True)
-class Smoothing:
-    """How zero and small counts are smoothed before the log.
-
-    Attributes:
-      kind: ``"dirichlet"`` (default, prior-centred): ``(F[i, j] + μ p(j)) / (f[i] + μ)``;
-        ``"additive"``: ``(F[i, j] + α) / (f[i] + Nα)``; ``"noise"``: the densifying variant —
-        a fixed pseudo-random pseudo-count ``α·U(0, 1]`` added to every cell (our reading of
-        the original work's noise).
-      alpha: additive / noise pseudo-count.
-      mu: Dirichlet prior strength.
-      seed: seed of the noise.
-    """
-
-    kind: str = "dirichlet"
-    alpha: float = 0.5
-    mu: float = 100.0
-    seed: int = 0
-
-    def __post_init__(self):
-        if self.kind not in SMOOTHING_KINDS:
-            raise SaffuError(f"unknown smoothing {self.kind!r}; choose one of {', '.join(SMOOTHING_KINDS)}")
-        if self.kind == "dirichlet" and not self.mu > 0:
-            raise SaffuError(f"Dirichlet smoothing needs mu > 0 (got {self.mu})")
-        if self.kind in ("additive", "noise") and not self.alpha > 0:
-            raise SaffuError(f"{self.kind} smoothing needs alpha > 0 (got {self.alpha})")
+from saffu.configs import Smoothing  # noqa: F401  (re-exported: explicit weights take it)
 
 
 def unigram_prior(counts: np.ndarray) -> np.ndarray:

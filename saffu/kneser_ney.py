@@ -71,7 +71,7 @@ from tqdm.auto import tqdm
 from saffu._io import SaffuError, atomic_open
 from saffu.batches import window_at
 from saffu.evaluation import split_metrics
-from saffu.prepare import WorkDir
+from saffu.workdir import WorkDir
 from saffu.statistics import document_context
 from saffu.tokenizer import EOD_ID, PAD_ID
 
@@ -677,7 +677,7 @@ def _read_arpa(path: Path, token_names: Sequence[str] | None, vocab_size: int | 
 
 def evaluate_workdir(workdir: WorkDir, order: int, split: str = "dev", *, chunk_size: int = 1 << 16,
                      progress: bool = False) -> dict[str, float]:
-    """Fit an order-``order`` model on the training split of a :class:`saffu.prepare.WorkDir`
+    """Fit an order-``order`` model on the training split of a :class:`saffu.workdir.WorkDir`
     and score every target of ``split`` (positions ``1 … end``).
 
     Returns the :func:`saffu.evaluation.split_metrics` figures (``{split}_loss``, ``_ppl``,

@@ -23,7 +23,6 @@ use).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Any
 
@@ -32,91 +31,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from saffu._io import SaffuError
-from saffu.codes import CipherConfig, bit_cipher_codes, min_bits
+from saffu.codes import bit_cipher_codes
+from saffu.configs import CipherConfig, SaffuConfig
 from saffu.tokenizer import EOD_ID, PAD_ID
 
-VALUE_FORMS = ("linear", "log")
 Params = dict[str, Any]
-
-
-@dataclasses.dataclass(frozen=True)
-class SaffuConfig:
-    """Architecture of a SAFFU stack.
-
-    Attributes:
-      vocab_size: ``V``.
-      bits: cipher bits ``b``; rows are ``K = b + 1``-dim distributions.
-      radius: context rows ``M`` per block (the head included).
-      heads: attention heads; head ``h`` attends over ``max(1, M >> h)`` rows.
-      positions: nearest rows with their own output group (direct output only), ``≤ M``.
-      hidden: ``0`` for the direct output layer, else the hidden width ``D`` of the chain.
-      value_form: ``"linear"`` or ``"log"``.
-      blocks: number of stacked blocks ``L``.
-    """
-
-    vocab_size: int
-    bits: int = 128
-    radius: int = 8
-    heads: int = 1
-    positions: int = 2
-    hidden: int = 0
-    value_form: str = "linear"
-    blocks: int = 1
-    kind: str = "saffu"
-
-    def __post_init__(self):
-        if self.bits < min_bits(self.vocab_size):
-            raise SaffuError(f"--bits {self.bits} is too few for {self.vocab_size} tokens; "
-                             f"use at least {min_bits(self.vocab_size)}")
-        if self.radius < 1 or self.heads < 1 or self.blocks < 1 or self.hidden < 0:
-            raise SaffuError("radius, heads and blocks must be ≥ 1 and hidden ≥ 0")
-        if self.hidden == 0 and not 0 <= self.positions <= self.radius:
-            raise SaffuError(f"--positions {self.positions} must be between 0 and the radius {self.radius}")
-        if self.value_form not in VALUE_FORMS:
-            raise SaffuError(f"unknown value form {self.value_form!r}; choose one of {', '.join(VALUE_FORMS)}")
-
-    @property
-    def dim(self) -> int:
-        return self.bits + 1
-
-    def head_radius(self, head: int) -> int:
-        return max(1, self.radius >> head)
-
-    @property
-    def groups(self) -> int:
-        """Output groups of the direct form: ``positions`` rows, then one value per head."""
-        return self.positions + self.heads
-
-    @property
-    def context(self) -> int:
-        """Tokens of left context a prediction can depend on (``L · M``)."""
-        return self.blocks * self.radius
-
-    # the model interface the trainer, evaluation and BLiMP use (shared with the transformer)
-    @property
-    def eval_seq_len(self) -> int:
-        """Targets per evaluation window."""
-        return 256
-
-    def init(self, key: jax.Array) -> "Params":
-        """Random init (cold start), see :func:`init_params`."""
-        return init_params(self, key)
-
-    def logits(self, params: "Params", tokens: jax.Array) -> jax.Array:
-        """:func:`saffu_logits`: ``int32[B, S]`` -> ``float32[B, S, V]``."""
-        return saffu_logits(params, self, tokens)
-
-    def forward_flops(self, seq_len: int = 0) -> float:
-        """Analytic forward FLOPs per predicted token (2 per multiply-add): per block the
-        attention similarities, scores and values of every head, the output layer, and for
-        every block below the top the expected next code ``softmax(logits) · C``. Softmaxes
-        and lookups are omitted; ``seq_len`` is unused (the cost does not grow with it)."""
-        K, V = self.dim, self.vocab_size
-        attention = sum(2 * (2 * self.head_radius(h) * K + self.head_radius(h) ** 2) for h in range(self.heads))
-        output = 2 * self.groups * K * V if self.hidden == 0 else 2 * ((self.heads + 1) * K * self.hidden
-                                                                       + self.hidden * V)
-        return float(self.blocks * (attention + output) + (self.blocks - 1) * 2 * V * K)
 
 
 @functools.lru_cache(maxsize=8)

@@ -32,33 +32,12 @@ from saffu import accounting, statistics
 from saffu._io import SaffuError
 from saffu.batches import range_windows
 from saffu.codes import sparse_bit_cipher
+from saffu.configs import SolverConfig
 from saffu.explicit import Smoothing, conditional_probabilities, unigram_prior
 from saffu.model import (Params, SaffuConfig, attention_values, block_inputs, block_windows, cipher_table,
                          hidden_features, init_params, output_groups, window_loss)
-from saffu.prepare import WorkDir
+from saffu.workdir import WorkDir
 from saffu.tokenizer import PAD_ID
-
-
-@dataclasses.dataclass(frozen=True)
-class SolverConfig:
-    """Options of the explicit solver.
-
-    Attributes:
-      smoothing: smoothing of every conditional distribution (Dirichlet around the prior).
-        The default strength μ = 3000 was chosen on the held-out training tail of
-        babylm-2023-4src (holdout loss 5.144 / 5.059 / 5.045 / 5.081 nats for μ = 100, 1000,
-        3000, 10000): SAFFU's multi-group evidence needs far stronger smoothing than a
-        single layer.
-      holdout_tokens: training-stream tail kept out of the counts, used to calibrate
-        temperatures (0: no calibration, all temperatures 1).
-      chunk_size: targets per device per accumulator step.
-      calibration_iterations: Newton / L-BFGS iterations per block (at most).
-    """
-
-    smoothing: Smoothing = Smoothing(mu=3000.0)
-    holdout_tokens: int = 16_384
-    chunk_size: int = 1 << 12
-    calibration_iterations: int = 12
 
 
 def _llr(cooccurrence: np.ndarray, smoothing: Smoothing, prior: np.ndarray) -> np.ndarray:

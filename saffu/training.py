@@ -10,7 +10,6 @@ difference between warm and cold start.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import time
@@ -28,55 +27,11 @@ from tqdm.auto import tqdm
 from saffu import accounting
 from saffu._io import SaffuError
 from saffu.batches import shuffled_window_starts, window_at
+from saffu.configs import TrainConfig
 from saffu.model import Params, SaffuConfig, window_loss
 from saffu.statistics import local_mesh
 
 INITS = ("explicit", "random")
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainConfig:
-    """Backprop options.
-
-    Attributes:
-      steps: optimizer steps; 0 means one epoch over the training split.
-      batch_size: windows per step; each window has ``seq_len`` targets.
-      seq_len: targets per window (plus the model's context of ``L·M`` tokens).
-      learning_rate: peak of the warm-up + cosine schedule.
-      warmup_steps: linear warm-up length (capped at half the run).
-      weight_decay: AdamW decoupled weight decay.
-      clip_norm: global gradient-norm clip.
-      adam_eps: Adam's epsilon.
-      eval_every: steps between dev evaluations (also at the end).
-      eval_windows: dev windows (evenly spaced over the split) in periodic evaluations.
-      checkpoint_every: steps between checkpoints (also at the end).
-      seed: seed of the data order (and of the random init).
-      freeze: parameter names (e.g. ``attention_0``) frozen until ``thaw_step``.
-      thaw_step: step at which frozen parameters start training.
-      on_nonfinite: a step whose loss or gradients are not finite is never applied;
-        ``"stop"`` then raises (nothing non-finite reaches a checkpoint), ``"skip"`` keeps the
-        previous parameters and optimizer state and goes on (skips are counted).
-    """
-
-    steps: int = 0
-    batch_size: int = 16
-    seq_len: int = 256
-    learning_rate: float = 3e-3
-    warmup_steps: int = 50
-    weight_decay: float = 0.0
-    clip_norm: float = 1.0
-    adam_eps: float = 1e-8
-    eval_every: int = 100
-    eval_windows: int = 256
-    checkpoint_every: int = 200
-    seed: int = 0
-    freeze: tuple[str, ...] = ()
-    thaw_step: int = 0
-    on_nonfinite: str = "stop"
-
-    def __post_init__(self):
-        if self.on_nonfinite not in ("stop", "skip"):
-            raise SaffuError(f"on_nonfinite must be 'stop' or 'skip', got {self.on_nonfinite!r}")
 
 
 def make_optimizer(config: TrainConfig, steps: int) -> optax.GradientTransformation:
@@ -202,13 +157,16 @@ def train(model, params: Params, train_stream: np.ndarray, config: TrainConfig,
         try:
             state = manager.restore(manager.latest_step(), args=ocp.args.StandardRestore(abstract))
         except Exception as err:  # orbax raises several types for unreadable / mismatched trees
-            raise SaffuError(f"cannot resume from {run_dir / 'checkpoints'} ({type(err).__name__}); it is "
-                             f"from another model or damaged: use a new --run directory") from None
+            step_dir = run_dir / "checkpoints" / str(manager.latest_step())
+            raise SaffuError(f"cannot resume from {step_dir} ({type(err).__name__}); it is from another model "
+                             f"or damaged: delete {step_dir} to resume from the checkpoint before it, or use a "
+                             f"new --run directory") from None
         lines = metrics_path.read_text().splitlines() if metrics_path.exists() else []
         kept = [line for line in lines if json.loads(line)["step"] <= int(state["step"])]
         metrics_path.write_text("".join(line + "\n" for line in kept))
         seconds = json.loads(kept[-1])["seconds"] if kept else 0.0
     params, opt_state, start = state["params"], state["opt_state"], int(state["step"])
+    seconds_at_start = seconds   # tokens/s counts this call's steps over this call's seconds
     if mesh is not None:
         if config.batch_size % mesh.devices.size:
             raise SaffuError(f"--batch-size {config.batch_size} must be a multiple of the {mesh.devices.size} devices")
@@ -232,7 +190,7 @@ def train(model, params: Params, train_stream: np.ndarray, config: TrainConfig,
         if eval_batch is None:
             return
         record = {"step": step, "tokens": step * tokens_per_step, "seconds": seconds,
-                  "tokens_per_s": (step - start) * tokens_per_step / max(seconds, 1e-9)
+                  "tokens_per_s": (step - start) * tokens_per_step / max(seconds - seconds_at_start, 1e-9)
                   if step > start else math.nan,
                   "flops": step * step_flops,
                   "xla_flops": None if step_xla_flops is None else step * step_xla_flops,
@@ -276,6 +234,18 @@ def train(model, params: Params, train_stream: np.ndarray, config: TrainConfig,
     return params, history
 
 
+def latest_checkpoint_step(run_dir: str | Path) -> int | None:
+    """The step of the latest training checkpoint in ``run_dir/checkpoints``, or None."""
+    directory = Path(run_dir) / "checkpoints"
+    if not directory.is_dir():
+        return None
+    manager = _checkpoint_manager(directory)
+    try:
+        return manager.latest_step()
+    finally:
+        manager.close()
+
+
 def load_latest_params(run_dir: str | Path, template: Params) -> tuple[Params, int] | None:
     """The parameters of the latest training checkpoint in ``run_dir`` and its step, or None."""
     directory = Path(run_dir) / "checkpoints"
@@ -290,7 +260,9 @@ def load_latest_params(run_dir: str | Path, template: Params) -> tuple[Params, i
         return retype(state["params"], template), step
     except Exception as err:  # orbax raises several types for unreadable / mismatched trees
         raise SaffuError(f"cannot read the checkpoint of step {step} in {directory} ({type(err).__name__}: "
-                         f"{str(err).splitlines()[0][:120]}); it is damaged or from another model") from None
+                         f"{str(err).splitlines()[0][:120]}); it is damaged or from another model: use "
+                         f"--checkpoint explicit for the explicit solution, or delete {directory / str(step)} "
+                         f"to fall back to the checkpoint before it") from None
     finally:
         manager.close()
 

@@ -16,7 +16,6 @@ earlier document, or ``<pad>`` before a document, is invisible.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 from typing import Any
@@ -26,67 +25,10 @@ import jax.numpy as jnp
 from flax import nnx
 
 from saffu._io import SaffuError
+from saffu.configs import TransformerConfig
 from saffu.tokenizer import EOD_ID
 
 Params = dict[str, Any]
-
-
-@dataclasses.dataclass(frozen=True)
-class TransformerConfig:
-    """Architecture of the baseline.
-
-    Attributes:
-      vocab_size: ``V``.
-      width: model width ``d``.
-      layers: transformer blocks.
-      heads: attention heads (``d`` must divide by it).
-      mlp_ratio: MLP hidden width ``= mlp_ratio · d``.
-      context_tokens: left context before a window's targets (``context``).
-      max_len: longest window ``context + seq_len`` the learned positions cover.
-    """
-
-    vocab_size: int
-    width: int = 128
-    layers: int = 4
-    heads: int = 4
-    mlp_ratio: int = 4
-    context_tokens: int = 32
-    max_len: int = 512
-    kind: str = "transformer"
-
-    def __post_init__(self):
-        if min(self.width, self.layers, self.heads, self.mlp_ratio, self.max_len) < 1 or self.context_tokens < 1:
-            raise SaffuError("transformer width, layers, heads, mlp_ratio, max_len and context must be ≥ 1")
-        if self.width % self.heads:
-            raise SaffuError(f"--width {self.width} must be a multiple of --heads {self.heads}")
-        if self.context_tokens >= self.max_len:
-            raise SaffuError(f"context {self.context_tokens} must be shorter than max_len {self.max_len}")
-
-    @property
-    def context(self) -> int:
-        return self.context_tokens
-
-    @property
-    def eval_seq_len(self) -> int:
-        """Targets per evaluation window: 256, or fewer so the window fits ``max_len``."""
-        return min(256, self.max_len - self.context)
-
-    def init(self, key: jax.Array) -> Params:
-        """Random init as a pure params dict (flax's default initialisers)."""
-        return transformer_init(self, key)
-
-    def logits(self, params: Params, tokens: jax.Array) -> jax.Array:
-        return transformer_logits(params, self, tokens)
-
-    def forward_flops(self, seq_len: int) -> float:
-        """Analytic forward FLOPs per predicted token (2 per multiply-add) at window length
-        ``context + seq_len``: the dense layers, attention scores and mixing over the average
-        visible length, and the output layer. Embedding lookups, norms and softmaxes are omitted."""
-        d, V, L = self.width, self.vocab_size, self.layers
-        mean_visible = (self.context + seq_len + 1) / 2
-        dense = L * (4 * d * d + 2 * self.mlp_ratio * d * d)
-        attention = L * 2 * mean_visible * d
-        return 2.0 * (dense + attention + d * V)
 
 
 class Block(nnx.Module):

@@ -7,6 +7,7 @@ from hypothesis import given, settings, strategies as st
 
 from saffu import (PrepareConfig, SaffuError, babylm_corpus, download_babylm, iter_documents,
                    open_workdir, prepare, text_files_corpus)
+from saffu._io import SaffuWarning
 from saffu.cli import main
 from saffu.corpus import ReadStats
 from saffu.tokenizer import EOD_ID, decode
@@ -44,7 +45,9 @@ def test_non_utf8_bytes_are_replaced_and_counted(tmp_path):
     assert stats.replaced_bytes == 3                       # the genuine U+FFFD is not counted
     assert stats.documents == 3 and stats.bytes == path.stat().st_size
     corpus = text_files_corpus({"train_10M": [path], "dev": [path]})
-    workdir = prepare(corpus, tmp_path / "w", PrepareConfig(vocab_size=270, allow_smaller_vocab=True), show_progress=False)
+    with pytest.warns(SaffuWarning, match="invalid UTF-8"):               # 3 of 36 bytes: "is it a text file?"
+        workdir = prepare(corpus, tmp_path / "w", PrepareConfig(vocab_size=270, allow_smaller_vocab=True),
+                          show_progress=False)
     assert workdir.split_info("dev")["replaced_bytes"] == 3
 
 

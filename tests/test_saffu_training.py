@@ -91,7 +91,7 @@ def test_cli_fit_train_eval_generate(tiny_workdir, tmp_path, capsys):
                  "--metrics-json", str(tmp_path / "train.json")]) == 0
     assert json.loads((tmp_path / "train.json").read_text())["steps"] == 2
     assert main(["eval", *common, "--metrics-json", str(tmp_path / "eval.json")]) == 0
-    assert json.loads((tmp_path / "eval.json").read_text())["checkpoint"] == "checkpoint step 2"
+    assert json.loads((tmp_path / "eval.json").read_text())["weights"] == "checkpoint step 2"
     assert main(["generate", *common, "--num-samples", "2", "--max-tokens", "10",
                  "--metrics-json", str(tmp_path / "gen.json")]) == 0
     assert json.loads((tmp_path / "gen.json").read_text())["samples"] == 2

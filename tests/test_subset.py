@@ -8,8 +8,9 @@ import pytest
 
 from conftest import TINY_DEV, TINY_TRAIN
 from saffu import PrepareConfig, SaffuError, open_workdir, prepare, text_files_corpus
+from saffu._io import SaffuWarning
 from saffu.corpus import ReadStats, iter_documents
-from saffu.prepare import subset_workdir
+from saffu.workdir import subset_workdir
 from saffu.tokenizer import EOD_ID
 
 
@@ -125,8 +126,9 @@ def test_invalid_utf8_counts_come_from_the_corpus_files(tmp_path):
     path = tmp_path / "bad.train"
     path.write_bytes(b"\n".join(lines) + b"\n")
     corpus = text_files_corpus({"train_10M": [path], "dev": [path]})
-    source = prepare(corpus, tmp_path / "w", PrepareConfig(vocab_size=270, allow_smaller_vocab=True),
-                     show_progress=False)
+    with pytest.warns(SaffuWarning, match="invalid UTF-8"):
+        source = prepare(corpus, tmp_path / "w", PrepareConfig(vocab_size=270, allow_smaller_vocab=True),
+                         show_progress=False)
     assert source.split_info("train_10M")["replaced_bytes"] > 0
     whole = subset_workdir(source, tmp_path / "whole", train_fraction=1.0)
     assert whole.split_info("train_10M") == source.split_info("train_10M")

@@ -21,9 +21,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import shutil
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -31,30 +31,11 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from saffu import tokenizer as tok
-from saffu._io import SaffuError, atomic_write_json
+from saffu._io import SaffuError, SaffuWarning, atomic_open, atomic_write_json
+from saffu.configs import PrepareConfig
 from saffu.corpus import Corpus, ReadStats, check_not_empty, iter_documents
 
 META_VERSION = 2
-
-
-@dataclasses.dataclass(frozen=True)
-class PrepareConfig:
-    """How to turn a corpus into a work directory.
-
-    Attributes:
-      vocab_size: BPE vocabulary size including ``<pad>`` and ``<eod>``.
-      train_split: the split the tokenizer (and later every statistic) is trained on.
-      eval_splits: further splits to tokenize if the corpus has them (``dev``, ``test``).
-      min_frequency: minimum pair frequency for a BPE merge.
-      allow_smaller_vocab: accept a vocabulary smaller than ``vocab_size`` when the training
-        split supports no more merges (otherwise that is an error).
-    """
-
-    vocab_size: int = 8192
-    train_split: str = "train_10M"
-    eval_splits: tuple[str, ...] = ("dev", "test")
-    min_frequency: int = 2
-    allow_smaller_vocab: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,11 +111,10 @@ def _write_stream(tokenizer, files, out: Path, dtype: np.dtype, desc: str,
                   show_progress: bool) -> dict[str, int]:
     stats = ReadStats()
     total = sum(f.stat().st_size for f in files)
-    tmp = out.with_suffix(".bin.tmp")
     num_tokens = 0
     longest = 0
-    with open(tmp, "wb") as handle, tqdm(total=total, unit="B", unit_scale=True, desc=desc,
-                                         leave=False, disable=not show_progress) as bar:
+    with atomic_open(out) as handle, tqdm(total=total, unit="B", unit_scale=True, desc=desc,
+                                          leave=False, disable=not show_progress) as bar:
         handle.write(np.asarray([tok.EOD_ID], dtype=dtype).tobytes())
         num_tokens += 1
         seen_bytes = 0
@@ -148,10 +128,33 @@ def _write_stream(tokenizer, files, out: Path, dtype: np.dtype, desc: str,
             num_tokens += len(flat)
             bar.update(stats.bytes - seen_bytes)
             seen_bytes = stats.bytes
-    os.replace(tmp, out)
     return {"tokens": num_tokens, "predicted_tokens": num_tokens - 1,
             "documents": stats.documents, "bytes": stats.bytes, "words": stats.words,
             "replaced_bytes": stats.replaced_bytes, "longest_document": longest}
+
+
+def _read_with_progress(files, desc: str, show_progress: bool):
+    """:func:`saffu.corpus.iter_documents` with a bytes progress bar."""
+    stats = ReadStats()
+    with tqdm(total=sum(f.stat().st_size for f in files), unit="B", unit_scale=True, desc=desc, leave=False,
+              disable=not show_progress) as bar:
+        for document in iter_documents(files, stats):
+            yield document
+            bar.update(stats.bytes - bar.n)
+
+
+def _check_mostly_text(split: str, files, info: dict[str, int], config: PrepareConfig) -> None:
+    """Warn (or, with ``config.strict``, refuse) when more than ``config.max_replaced_share`` of
+    a split's bytes are invalid UTF-8: such a file is most likely not text."""
+    share = info["replaced_bytes"] / max(info["bytes"], 1)
+    if share <= config.max_replaced_share:
+        return
+    names = ", ".join(str(f) for f in files[:3]) + (", …" if len(files) > 3 else "")
+    message = (f"{share:.0%} of split {split!r} ({names}) is invalid UTF-8, read as U+FFFD: is it a text file? "
+               f"Pass plain UTF-8 text, one document per line")
+    if config.strict:
+        raise SaffuError(message)
+    warnings.warn(message + " (--strict makes this an error)", SaffuWarning, stacklevel=2)
 
 
 def prepare(corpus: Corpus, workdir: str | Path, config: PrepareConfig = PrepareConfig(),
@@ -175,8 +178,8 @@ def prepare(corpus: Corpus, workdir: str | Path, config: PrepareConfig = Prepare
     shutil.rmtree(workdir / "tokens", ignore_errors=True)
     (workdir / "tokens").mkdir()
 
-    bpe = tok.train_bpe(iter_documents(train_files), config.vocab_size,
-                        config.min_frequency, show_progress=show_progress)
+    bpe = tok.train_bpe(_read_with_progress(train_files, "read for BPE", show_progress), config.vocab_size,
+                        config.min_frequency, show_progress=False)
     vocab_size = bpe.get_vocab_size()
     if vocab_size < config.vocab_size and not config.allow_smaller_vocab:
         raise SaffuError(f"the training split ({', '.join(str(f) for f in train_files[:2])}"
@@ -193,6 +196,7 @@ def prepare(corpus: Corpus, workdir: str | Path, config: PrepareConfig = Prepare
             continue
         splits[split] = _write_stream(bpe, corpus.files(split), workdir / "tokens" / f"{split}.bin",
                                       dtype, desc=f"tokenize {split}", show_progress=show_progress)
+        _check_mostly_text(split, corpus.files(split), splits[split], config)
     meta = {
         "version": META_VERSION, "corpus": corpus.name, "vocab_size": vocab_size,
         "requested_vocab_size": config.vocab_size, "dtype": dtype.name,
@@ -297,9 +301,8 @@ def subset_workdir(source: WorkDir, path: str | Path, *, train_tokens: int | Non
         ranges = _select_documents(lengths, wanted[split] - 1, seed)
         pieces = [stream[:1]] + [stream[first[a]:last[b - 1] + 1] for a, b in ranges]
         subset = np.concatenate(pieces).astype(dtype)
-        tmp = out.with_suffix(".bin.tmp")
-        subset.tofile(tmp)
-        os.replace(tmp, out)
+        with atomic_open(out) as handle:
+            handle.write(subset.tobytes())
         chosen = np.concatenate([np.arange(a, b) for a, b in ranges])
         per_doc, counts_from[split] = _document_text_counts(source, split, stream, first, last, show_progress)
         splits[split] = {"tokens": int(len(subset)), "predicted_tokens": int(len(subset) - 1),

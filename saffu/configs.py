@@ -1,0 +1,354 @@
+"""Every configuration of the pipeline in one light module, so their defaults are the only
+defaults (the CLI reads them) and reading them never imports jax.
+
+The stages that use them re-export them (``saffu.solver.SolverConfig`` is
+``saffu.configs.SolverConfig``); the model configs import their model code only when a
+method needs it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from saffu._io import SaffuError
+
+#: ``<pad>`` and ``<eod>``: the ids before every regular token.
+NUM_SPECIAL = 2
+SMOOTHING_KINDS = ("dirichlet", "additive", "noise")
+VALUE_FORMS = ("linear", "log")
+Params = dict[str, Any]
+#: The official BabyLM 2023 release archive (``saffu download``).
+BABYLM_2023_URL = "https://github.com/babylm/babylm.github.io/raw/main/babylm_data.zip"
+
+
+def min_bits(vocab_size: int) -> int:
+    """Smallest ``b`` with ``2**b − 1 ≥ vocab_size − 2`` (all regular codes distinct, non-zero)."""
+    regular = max(vocab_size - NUM_SPECIAL, 1)
+    return math.ceil(math.log2(regular + 1))
+
+
+@dataclasses.dataclass(frozen=True)
+class PrepareConfig:
+    """How to turn a corpus into a work directory.
+
+    Attributes:
+      vocab_size: BPE vocabulary size including ``<pad>`` and ``<eod>``.
+      train_split: the split the tokenizer (and later every statistic) is trained on.
+      eval_splits: further splits to tokenize if the corpus has them (``dev``, ``test``).
+      min_frequency: minimum pair frequency for a BPE merge.
+      allow_smaller_vocab: accept a vocabulary smaller than ``vocab_size`` when the training
+        split supports no more merges (otherwise that is an error).
+      max_replaced_share: a split whose share of U+FFFD replacement characters (invalid UTF-8)
+        exceeds this is most likely not text: a warning, or an error with ``strict``.
+      strict: make that warning an error.
+    """
+
+    vocab_size: int = 8192
+    train_split: str = "train_10M"
+    eval_splits: tuple[str, ...] = ("dev", "test")
+    min_frequency: int = 2
+    allow_smaller_vocab: bool = False
+    max_replaced_share: float = 0.05
+    strict: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class CipherConfig:
+    """Bit-cipher options.
+
+    Attributes:
+      bits: number of code bits ``b``; codes have ``K = b + 1`` coordinates.
+      background: weight ``λ`` of the frequency background in ``(1 − λ) v + λ background``
+        (0 keeps codes sparse; the formulation writes the code weight as ``β = 1 − λ``).
+    """
+
+    bits: int = 128
+    background: float = 0.0
+
+    @property
+    def dim(self) -> int:
+        return self.bits + 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Smoothing:
+    """How zero and small counts are smoothed before the log.
+
+    Attributes:
+      kind: ``"dirichlet"`` (default, prior-centred): ``(F[i, j] + μ p(j)) / (f[i] + μ)``;
+        ``"additive"``: ``(F[i, j] + α) / (f[i] + Nα)``; ``"noise"``: the densifying variant —
+        a fixed pseudo-random pseudo-count ``α·U(0, 1]`` added to every cell (our reading of
+        the original work's noise).
+      alpha: additive / noise pseudo-count.
+      mu: Dirichlet prior strength.
+      seed: seed of the noise.
+    """
+
+    kind: str = "dirichlet"
+    alpha: float = 0.5
+    mu: float = 100.0
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.kind not in SMOOTHING_KINDS:
+            raise SaffuError(f"unknown smoothing {self.kind!r}; choose one of {', '.join(SMOOTHING_KINDS)}")
+        if self.kind == "dirichlet" and not self.mu > 0:
+            raise SaffuError(f"Dirichlet smoothing needs mu > 0 (got {self.mu})")
+        if self.kind in ("additive", "noise") and not self.alpha > 0:
+            raise SaffuError(f"{self.kind} smoothing needs alpha > 0 (got {self.alpha})")
+
+
+@dataclasses.dataclass(frozen=True)
+class BigramConfig:
+    """Explicit bigram options.
+
+    Attributes:
+      cipher: code bits and background blend.
+      smoothing: smoothing of ``P(j | k)`` (Dirichlet around the unigram prior by default).
+      holdout_tokens: the last tokens of the training stream, left out of the counts and
+        used only to calibrate ``β`` (0 disables calibration, ``β = 1``).
+      chunk_size: targets per device per accumulator step.
+    """
+
+    cipher: CipherConfig = CipherConfig()
+    smoothing: Smoothing = Smoothing()
+    holdout_tokens: int = 100_000
+    chunk_size: int = 1 << 15
+
+
+@dataclasses.dataclass(frozen=True)
+class BigramTrainConfig:
+    """Adam training of the bigram layer.
+
+    Attributes:
+      steps: optimizer steps (``0`` = one epoch over the training split).
+      batch_size: (head, target) pairs per step, drawn without replacement in a seeded
+        shuffled order.
+      learning_rate: peak of a linear warm-up + cosine decay schedule.
+      warmup_steps: linear warm-up length.
+      clip_norm: global gradient-norm clip.
+      eval_every: dev evaluation period in steps (also at the end).
+      seed: PRNG seed (init and data order use separate streams).
+      init_scale: standard deviation of the random init.
+      adam_eps: Adam's epsilon (larger values damp the steps of rarely-updated weights).
+    """
+
+    steps: int = 0
+    batch_size: int = 4096
+    learning_rate: float = 0.02
+    warmup_steps: int = 20
+    clip_norm: float = 1.0
+    eval_every: int = 100
+    seed: int = 0
+    init_scale: float = 0.02
+    adam_eps: float = 1e-8
+
+
+@dataclasses.dataclass(frozen=True)
+class SolverConfig:
+    """Options of the explicit solver.
+
+    Attributes:
+      smoothing: smoothing of every conditional distribution (Dirichlet around the prior).
+        The default strength μ = 3000 was chosen on the held-out training tail of
+        babylm-2023-4src (holdout loss 5.144 / 5.059 / 5.045 / 5.081 nats for μ = 100, 1000,
+        3000, 10000): SAFFU's multi-group evidence needs far stronger smoothing than a
+        single layer.
+      holdout_tokens: training-stream tail kept out of the counts, used to calibrate
+        temperatures (0: no calibration, all temperatures 1).
+      chunk_size: targets per device per accumulator step.
+      calibration_iterations: Newton / L-BFGS iterations per block (at most).
+    """
+
+    smoothing: Smoothing = Smoothing(mu=3000.0)
+    holdout_tokens: int = 16_384
+    chunk_size: int = 1 << 12
+    calibration_iterations: int = 12
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Backprop options.
+
+    Attributes:
+      steps: optimizer steps; 0 means one epoch over the training split.
+      batch_size: windows per step; each window has ``seq_len`` targets.
+      seq_len: targets per window (plus the model's context of ``L·M`` tokens).
+      learning_rate: peak of the warm-up + cosine schedule.
+      warmup_steps: linear warm-up length (capped at half the run).
+      weight_decay: AdamW decoupled weight decay.
+      clip_norm: global gradient-norm clip.
+      adam_eps: Adam's epsilon.
+      eval_every: steps between dev evaluations (also at the end).
+      eval_windows: dev windows (evenly spaced over the split) in periodic evaluations.
+      checkpoint_every: steps between checkpoints (also at the end).
+      seed: seed of the data order (and of the random init).
+      freeze: parameter names (e.g. ``attention_0``) frozen until ``thaw_step``.
+      thaw_step: step at which frozen parameters start training.
+      on_nonfinite: a step whose loss or gradients are not finite is never applied;
+        ``"stop"`` then raises (nothing non-finite reaches a checkpoint), ``"skip"`` keeps the
+        previous parameters and optimizer state and goes on (skips are counted).
+    """
+
+    steps: int = 0
+    batch_size: int = 16
+    seq_len: int = 256
+    learning_rate: float = 3e-3
+    warmup_steps: int = 50
+    weight_decay: float = 0.0
+    clip_norm: float = 1.0
+    adam_eps: float = 1e-8
+    eval_every: int = 100
+    eval_windows: int = 256
+    checkpoint_every: int = 200
+    seed: int = 0
+    freeze: tuple[str, ...] = ()
+    thaw_step: int = 0
+    on_nonfinite: str = "stop"
+
+    def __post_init__(self):
+        if self.on_nonfinite not in ("stop", "skip"):
+            raise SaffuError(f"on_nonfinite must be 'stop' or 'skip', got {self.on_nonfinite!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class SaffuConfig:
+    """Architecture of a SAFFU stack (the model is :mod:`saffu.model`).
+
+    Attributes:
+      vocab_size: ``V``.
+      bits: cipher bits ``b``; rows are ``K = b + 1``-dim distributions.
+      radius: context rows ``M`` per block (the head included).
+      heads: attention heads; head ``h`` attends over ``max(1, M >> h)`` rows.
+      positions: nearest rows with their own output group (direct output only), ``≤ M``.
+      hidden: ``0`` for the direct output layer, else the hidden width ``D`` of the chain.
+      value_form: ``"linear"`` or ``"log"``.
+      blocks: number of stacked blocks ``L``.
+    """
+
+    vocab_size: int
+    bits: int = 128
+    radius: int = 8
+    heads: int = 1
+    positions: int = 2
+    hidden: int = 0
+    value_form: str = "linear"
+    blocks: int = 1
+    kind: str = "saffu"
+
+    def __post_init__(self):
+        if self.bits < min_bits(self.vocab_size):
+            raise SaffuError(f"--bits {self.bits} is too few for {self.vocab_size} tokens; "
+                             f"use at least {min_bits(self.vocab_size)}")
+        if self.radius < 1 or self.heads < 1 or self.blocks < 1 or self.hidden < 0:
+            raise SaffuError("radius, heads and blocks must be ≥ 1 and hidden ≥ 0")
+        if self.hidden == 0 and not 0 <= self.positions <= self.radius:
+            raise SaffuError(f"--positions {self.positions} must be between 0 and the radius {self.radius}")
+        if self.value_form not in VALUE_FORMS:
+            raise SaffuError(f"unknown value form {self.value_form!r}; choose one of {', '.join(VALUE_FORMS)}")
+
+    @property
+    def dim(self) -> int:
+        return self.bits + 1
+
+    def head_radius(self, head: int) -> int:
+        return max(1, self.radius >> head)
+
+    @property
+    def groups(self) -> int:
+        """Output groups of the direct form: ``positions`` rows, then one value per head."""
+        return self.positions + self.heads
+
+    @property
+    def context(self) -> int:
+        """Tokens of left context a prediction can depend on (``L · M``)."""
+        return self.blocks * self.radius
+
+    # the model interface the trainer, evaluation and BLiMP use (shared with the transformer)
+    @property
+    def eval_seq_len(self) -> int:
+        """Targets per evaluation window."""
+        return 256
+
+    def init(self, key) -> Params:
+        """Random init (cold start), see :func:`saffu.model.init_params`."""
+        from saffu.model import init_params
+        return init_params(self, key)
+
+    def logits(self, params: Params, tokens):
+        """:func:`saffu.model.saffu_logits`: ``int32[B, S]`` -> ``float32[B, S, V]``."""
+        from saffu.model import saffu_logits
+        return saffu_logits(params, self, tokens)
+
+    def forward_flops(self, seq_len: int = 0) -> float:
+        """Analytic forward FLOPs per predicted token (2 per multiply-add): per block the
+        attention similarities, scores and values of every head, the output layer, and for
+        every block below the top the expected next code ``softmax(logits) · C``. Softmaxes
+        and lookups are omitted; ``seq_len`` is unused (the cost does not grow with it)."""
+        K, V = self.dim, self.vocab_size
+        attention = sum(2 * (2 * self.head_radius(h) * K + self.head_radius(h) ** 2) for h in range(self.heads))
+        output = 2 * self.groups * K * V if self.hidden == 0 else 2 * ((self.heads + 1) * K * self.hidden
+                                                                       + self.hidden * V)
+        return float(self.blocks * (attention + output) + (self.blocks - 1) * 2 * V * K)
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+    """Architecture of the baseline (the model is :mod:`saffu.transformer`).
+
+    Attributes:
+      vocab_size: ``V``.
+      width: model width ``d``.
+      layers: transformer blocks.
+      heads: attention heads (``d`` must divide by it).
+      mlp_ratio: MLP hidden width ``= mlp_ratio · d``.
+      context_tokens: left context before a window's targets (``context``).
+      max_len: longest window ``context + seq_len`` the learned positions cover.
+    """
+
+    vocab_size: int
+    width: int = 128
+    layers: int = 5
+    heads: int = 4
+    mlp_ratio: int = 4
+    context_tokens: int = 32
+    max_len: int = 512
+    kind: str = "transformer"
+
+    def __post_init__(self):
+        if min(self.width, self.layers, self.heads, self.mlp_ratio, self.max_len) < 1 or self.context_tokens < 1:
+            raise SaffuError("transformer width, layers, heads, mlp_ratio, max_len and context must be ≥ 1")
+        if self.width % self.heads:
+            raise SaffuError(f"--width {self.width} must be a multiple of --heads {self.heads}")
+        if self.context_tokens >= self.max_len:
+            raise SaffuError(f"context {self.context_tokens} must be shorter than max_len {self.max_len}")
+
+    @property
+    def context(self) -> int:
+        return self.context_tokens
+
+    @property
+    def eval_seq_len(self) -> int:
+        """Targets per evaluation window: 256, or fewer so the window fits ``max_len``."""
+        return min(256, self.max_len - self.context)
+
+    def init(self, key) -> Params:
+        """Random init as a pure params dict (flax's default initialisers)."""
+        from saffu.transformer import transformer_init
+        return transformer_init(self, key)
+
+    def logits(self, params: Params, tokens):
+        from saffu.transformer import transformer_logits
+        return transformer_logits(params, self, tokens)
+
+    def forward_flops(self, seq_len: int) -> float:
+        """Analytic forward FLOPs per predicted token (2 per multiply-add) at window length
+        ``context + seq_len``: the dense layers, attention scores and mixing over the average
+        visible length, and the output layer. Embedding lookups, norms and softmaxes are omitted."""
+        d, V, L = self.width, self.vocab_size, self.layers
+        mean_visible = (self.context + seq_len + 1) / 2
+        dense = L * (4 * d * d + 2 * self.mlp_ratio * d * d)
+        attention = L * 2 * mean_visible * d
+        return 2.0 * (dense + attention + d * V)
