@@ -645,6 +645,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=40, help="AdamW warm-start steps")
     p.add_argument("--learning-rate", type=float, default=train.learning_rate, help="peak learning rate")
     _add_bigram_flags(p)
+    p.set_defaults(bits=64)   # half the solve and training time of 128 bits on the small demo corpus
     _add_common(p)
     return parser
 
