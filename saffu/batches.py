@@ -29,32 +29,42 @@ def window_at(stream: np.ndarray, first_target: int, end: int, context: int, seq
     return window, mask
 
 
-def range_windows(stream: np.ndarray, begin: int, end: int, context: int, seq_len: int,
+def range_windows(stream: np.ndarray, ranges: list[tuple[int, int]], context: int, seq_len: int,
                   batch_size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Batches ``(int32[B, R + T], bool[B, T])`` covering targets ``[begin, end)`` once, in
-    order; the last batch is padded with fully masked rows."""
-    starts = list(range(begin, end, seq_len))
+    """Batches ``(int32[B, R + T], bool[B, T])`` covering the targets of every ``[begin, end)``
+    of ``ranges`` once, in order (no window crosses a range's end); the last batch is padded
+    with fully masked rows."""
+    starts = [(s, end) for begin, end in ranges for s in range(begin, end, seq_len)]
     for i in range(0, len(starts), batch_size):
-        rows = [window_at(stream, s, end, context, seq_len) for s in starts[i:i + batch_size]]
+        rows = [window_at(stream, s, end, context, seq_len) for s, end in starts[i:i + batch_size]]
         while len(rows) < batch_size:
             rows.append((np.full(context + seq_len, PAD_ID, np.int32), np.zeros(seq_len, bool)))
         yield np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows])
 
 
-def total_nll(loss_fn: Callable, stream: np.ndarray, begin: int, end: int, context: int,
+def total_nll(loss_fn: Callable, stream: np.ndarray, ranges: list[tuple[int, int]], context: int,
               seq_len: int = 256, batch_size: int = 16, progress: str | None = None) -> tuple[float, int]:
-    """Sum a jitted ``loss_fn(windows, mask) -> (nll_sum, count)`` over targets ``[begin, end)``.
+    """Sum a jitted ``loss_fn(windows, mask) -> (nll_sum, count)`` over the targets of every
+    ``[begin, end)`` of ``ranges``.
 
-    Returns ``(total NLL in nats, number of targets)``; sums are float64 on the host.
+    Returns ``(total NLL in nats, number of targets)``; sums are float64 on the host. The
+    result of a batch is read back only after the next batch is dispatched, so the host
+    prepares windows while the device computes.
     """
     total, count = 0.0, 0
-    num_windows = -(-(end - begin) // seq_len)              # ceiling divisions
+    num_windows = sum(-(-(end - begin) // seq_len) for begin, end in ranges)   # ceiling divisions
     num_batches = -(-num_windows // batch_size)
-    for windows, mask in tqdm(range_windows(stream, begin, end, context, seq_len, batch_size),
+    pending = None
+    for windows, mask in tqdm(range_windows(stream, ranges, context, seq_len, batch_size),
                               total=num_batches, desc=progress, disable=progress is None, leave=False):
-        nll, n = loss_fn(jnp.asarray(windows), jnp.asarray(mask))
-        total += float(nll)
-        count += int(n)
+        result = loss_fn(jnp.asarray(windows), jnp.asarray(mask))
+        if pending is not None:
+            total += float(pending[0])
+            count += int(pending[1])
+        pending = result
+    if pending is not None:
+        total += float(pending[0])
+        count += int(pending[1])
     return total, count
 
 

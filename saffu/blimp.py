@@ -5,11 +5,18 @@ Each sentence is scored as a document: after an ``<eod>`` (the document start), 
 its tokens' log-probabilities (the closing ``<eod>`` is not scored). Works on any subset of
 the 67 paradigm files (``*.jsonl`` with ``sentence_good``, ``sentence_bad``, ``field``,
 ``UID``); reports accuracy overall, per field and per paradigm.
+
+Scoring is batched so it costs about what a dev evaluation of as many tokens does: every
+sentence of a set is encoded once, and calls of one fixed size (about ``CALL_POSITIONS``
+positions, parameters as jit arguments) read either rows packed with many sentences (a
+SAFFU stack, see :func:`document_local`) or one sentence per row in a few length buckets
+(the transformer); a progress bar counts those calls, with an estimate of the time left.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 from pathlib import Path
 from typing import NamedTuple
@@ -31,6 +38,12 @@ class Pair(NamedTuple):
     bad: str
 
 
+def field_name(field: str) -> str:
+    """One spelling per BLiMP field: releases write ``syntax/semantics`` in some files and
+    ``syntax_semantics`` in others, which must count as one field."""
+    return re.sub(r"[\s/-]+", "_", field.strip())
+
+
 def load_blimp(directory: str | Path) -> list[Pair]:
     """Every pair of every ``*.jsonl`` paradigm file in ``directory``."""
     directory = Path(directory)
@@ -45,31 +58,113 @@ def load_blimp(directory: str | Path) -> list[Pair]:
                 continue
             try:
                 row = json.loads(line)
-                pairs.append(Pair(row.get("UID", path.stem), row.get("field", "unknown"),
+                pairs.append(Pair(row.get("UID", path.stem), field_name(row.get("field", "unknown")),
                                   row["sentence_good"], row["sentence_bad"]))
             except (ValueError, KeyError) as err:
                 raise SaffuError(f"{path}:{number} is not a BLiMP pair ({err}); fix or remove the line") from None
     return pairs
 
 
+#: Target slots per row of packed sentences (more when a sentence is longer).
+PACKED_ROW = 256
+#: Token positions per call, ``rows × (context + targets)``: as a dev evaluation call of the
+#: default SAFFU (``16 × (8 + 256)``), so both cost the same per position and memory.
+CALL_POSITIONS = 16 * (8 + 256)
+
+#: Per-target NLL of windows, with the parameters as arguments and the config static.
+_window_nll = jax.jit(window_nll, static_argnums=1)
+
+
+def document_local(config) -> bool:
+    """Whether the model's prediction at a position depends only on the tokens of its own
+    document and their offsets, never on where the document sits in the window: true of a
+    SAFFU stack (every row outside the document, or before the window, is the boundary code),
+    not of the transformer (learned absolute positions). Such a model can score many
+    sentences packed into one row, ``<eod> s₁ <eod> s₂ …``, each with the same inputs as
+    alone (equal up to float rounding)."""
+    return getattr(config, "kind", None) == "saffu"
+
+
+def _packed_rows(lengths: np.ndarray, width: int) -> list[list[int]]:
+    """Sentence indices per row, longest first, each row holding sentences of ``length + 1``
+    target slots (the tokens and the ``<eod>`` that opens the next) within ``width``."""
+    rows, row, used = [], [], 0
+    for i in np.argsort(-lengths, kind="stable"):
+        if row and used + lengths[i] + 1 > width:
+            rows.append(row)
+            row, used = [], 0
+        row.append(int(i))
+        used += int(lengths[i]) + 1
+    if row:
+        rows.append(row)
+    return rows
+
+
+def _length_buckets(lengths: np.ndarray) -> list[tuple[int, list[int]]]:
+    """``(targets per row, sentence indices)`` per bucket: lengths rounded up to a power of
+    two ≥ 8, so a few window shapes (few compilations) serve any set of sentences."""
+    width = 1 << np.maximum(np.ceil(np.log2(np.maximum(lengths, 1))).astype(int), 3)
+    return [(int(w), [int(i) for i in np.flatnonzero(width == w)]) for w in np.unique(width)]
+
+
 def sentence_log_probs(params: Params, config: SaffuConfig, tokenizer, sentences: list[str],
-                       batch_size: int = 64, progress: bool = True) -> np.ndarray:
-    """Total log-probability (nats) of every sentence as a document, ``float64[N]``."""
-    encoded = [ids for ids in (enc.ids for enc in tokenizer.encode_batch(sentences, add_special_tokens=False))]
-    longest = max(len(ids) for ids in encoded)
-    length = 1 << max(int(np.ceil(np.log2(max(longest, 1)))), 3)   # few distinct shapes: few compilations
-    score = jax.jit(lambda w, m: jnp.sum(window_nll(params, config, w, m), axis=1))
-    out = np.zeros(len(sentences))
-    for start in tqdm(range(0, len(encoded), batch_size), desc="blimp", disable=not progress, leave=False):
-        rows = encoded[start:start + batch_size]
-        windows = np.full((batch_size, config.context + length), PAD_ID, np.int32)
-        mask = np.zeros((batch_size, length), bool)
-        windows[:, config.context - 1] = EOD_ID
-        for i, ids in enumerate(rows):
-            windows[i, config.context:config.context + len(ids)] = ids
-            mask[i, :len(ids)] = True
-        out[start:start + len(rows)] = -np.asarray(score(jnp.asarray(windows), jnp.asarray(mask)))[:len(rows)]
-    return out
+                       batch_size: int | None = None, progress: bool = True,
+                       pack: bool | None = None) -> np.ndarray:
+    """Total log-probability (nats) of every sentence as a document, ``float64[N]``: after
+    an ``<eod>``, the sum of its tokens' log-probabilities (the closing ``<eod>`` unscored;
+    an empty sentence scores 0).
+
+    Sentences are batched by length. A :func:`document_local` model (``pack=None`` decides)
+    reads rows of ``PACKED_ROW`` targets holding many sentences, ``<eod> s₁ <eod> s₂ …``; any
+    other model reads one sentence per row, its ``<eod>`` last of the ``context`` tokens (as
+    at a document start), rows grouped in power-of-two length buckets. A window always starts
+    with ``context`` tokens ``<pad> … <pad> <eod>``, so both layouts give each sentence the
+    same inputs. ``batch_size`` rows per call (default: about ``CALL_POSITIONS`` positions);
+    the progress bar counts calls. Per-token NLLs are float32; each sentence's sum is float64,
+    in token order, on the host.
+    """
+    encoded = [enc.ids for enc in tokenizer.encode_batch(list(sentences), add_special_tokens=False)]
+    lengths = np.asarray([len(ids) for ids in encoded], np.int64)
+    R = config.context
+    if document_local(config) if pack is None else pack:
+        width = max(PACKED_ROW, 1 << int(np.ceil(np.log2(int(lengths.max(initial=0)) + 1))))
+        groups = [(width, _packed_rows(lengths, width))]
+    else:
+        groups = [(width, [[i] for i in members]) for width, members in _length_buckets(lengths)]
+    calls = []                                                     # (targets per row, rows, rows per call)
+    for width, rows in groups:
+        per_call = batch_size or max(1, CALL_POSITIONS // (R + width))
+        calls += [(width, rows[start:start + per_call], per_call) for start in range(0, len(rows), per_call)]
+    total = np.zeros(len(encoded))
+    pending = None
+
+    def add(result, owner):
+        scored = owner >= 0
+        nll = np.asarray(result)[scored].astype(np.float64)
+        total[:] += np.bincount(owner[scored], weights=nll, minlength=len(encoded))
+
+    # calls of one shape cost the same, so the bar counts them (a steady estimate of the time left)
+    for width, batch, per_call in tqdm(calls, desc="blimp", unit="batch", disable=not progress, leave=False):
+        windows = np.full((per_call, R + width), PAD_ID, np.int32)
+        windows[:, R - 1] = EOD_ID
+        owner = np.full((per_call, width), -1, np.int64)          # sentence of every target slot
+        for r, row in enumerate(batch):
+            at = 0
+            for i in row:
+                ids, n = encoded[i], len(encoded[i])
+                windows[r, R + at:R + at + n] = ids
+                owner[r, at:at + n] = i
+                at += n
+                if at < width:
+                    windows[r, R + at] = EOD_ID                    # closes it, opens the next
+                at += 1
+        result = _window_nll(params, config, jnp.asarray(windows), jnp.asarray(owner >= 0))
+        if pending is not None:                                    # read back while this one runs
+            add(*pending)
+        pending = (result, owner)
+    if pending is not None:
+        add(*pending)
+    return -total
 
 
 def blimp_accuracy(pairs: list[Pair], good_scores: np.ndarray, bad_scores: np.ndarray) -> dict[str, float]:
@@ -90,6 +185,7 @@ def evaluate_blimp(params: Params, config: SaffuConfig, tokenizer, directory: st
                    progress: bool = True) -> dict[str, float]:
     """Load the pairs of ``directory``, score them and return :func:`blimp_accuracy`."""
     pairs = load_blimp(directory)
-    good = sentence_log_probs(params, config, tokenizer, [p.good for p in pairs], progress=progress)
-    bad = sentence_log_probs(params, config, tokenizer, [p.bad for p in pairs], progress=progress)
+    scores = sentence_log_probs(params, config, tokenizer, [p.good for p in pairs] + [p.bad for p in pairs],
+                                progress=progress)
+    good, bad = scores[:len(pairs)], scores[len(pairs):]
     return blimp_accuracy(pairs, good, bad)

@@ -245,8 +245,8 @@ def _score_splits(params, config, workdir, args, splits=None) -> dict:
         if limit is None or limit >= total:
             _say(args, f"evaluating {split}: all {total:,} tokens")
         else:
-            _say(args, f"evaluating {split}: the first ~{limit:,} of {total:,} tokens, whole documents "
-                       f"(--eval-tokens 0 scores all)")
+            _say(args, f"evaluating {split}: about {limit:,} of its {total:,} tokens, whole documents from evenly "
+                       f"spaced parts of it (--eval-tokens 0 scores all)")
         metrics.update(evaluate_split(params, config, workdir, split, limit, not args.quiet))
     return metrics
 
@@ -476,8 +476,8 @@ def _add_architecture_flags(parser):
 
 def _add_eval_flags(parser, default: int = EVAL_TOKENS):
     parser.add_argument("--eval-tokens", type=int, default=default,
-                        help="score about this many tokens of each split, whole documents with exact bits per "
-                             "byte (0: whole splits)")
+                        help="score about this many tokens of each split: whole documents from evenly spaced "
+                             "parts of it, with exact bits per byte (0: whole splits)")
 
 
 def _add_run_flags(parser, explicit_help: str = "the latest training checkpoint, or the explicit solution "

@@ -8,6 +8,7 @@ fitted), ``checkpoints/`` and ``metrics.jsonl`` (if trained).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from saffu._io import SaffuError, atomic_write_json
 from saffu.batches import total_nll
 from saffu.evaluation import split_metrics
 from saffu.model import Params, SaffuConfig, window_loss
-from saffu.prepare import WorkDir
+from saffu.workdir import WorkDir
 from saffu.tokenizer import EOD_ID, PAD_ID, decode
 from saffu.training import load_latest_params, retype
 
@@ -89,19 +90,49 @@ def load_params(run_dir: str | Path, config: SaffuConfig, which: str = "latest")
     return load_explicit(run_dir, config), "explicit"
 
 
+#: Windows per evaluation call: ``16 × (context + eval_seq_len)`` positions, whose float32
+#: logits (``× V``, twice with the log-softmax) stay a few hundred MB at ``V = 8192``; larger
+#: calls were no faster on CPU (the output-layer matmul dominates, see ``evaluate_split``).
+EVAL_BATCH = 16
+
+#: The loss of a batch of windows with the parameters as arguments (not compile-time
+#: constants) and the model config static: one compilation per config and window shape,
+#: shared by every evaluation of the process.
+_window_loss = jax.jit(window_loss, static_argnums=1)
+
+
 def evaluate_split(params: Params, config: SaffuConfig, workdir: WorkDir, split: str,
-                   max_tokens: int | None = None, progress: bool = True, prefix: str | None = None) -> dict:
-    """Loss, perplexity, bits per byte and per-word perplexity of ``split`` (all of it unless
-    ``max_tokens``, in which case only loss and perplexity are reported)."""
+                   max_tokens: int | None = None, progress: bool = True, prefix: str | None = None,
+                   batch_size: int = EVAL_BATCH) -> dict:
+    """Loss, perplexity, bits per byte and per-word perplexity of ``split``.
+
+    All of it when ``max_tokens`` is None or 0 (or covers the split); otherwise whole
+    documents totalling about ``max_tokens`` targets, drawn from evenly spaced blocks of the
+    split (:meth:`saffu.workdir.WorkDir.sample_documents`, so every source file counts, not
+    only the first) with their exact bytes and words. Besides ``{prefix}loss``, ``ppl``,
+    ``bpb`` and ``word_ppl`` the figures hold ``{prefix}tokens`` (targets scored, ``<eod>``
+    included), ``{prefix}documents`` and ``{prefix}whole_split``. ``prefix`` defaults to
+    ``"{split}_"``.
+
+    The cost is the model's forward pass over ``batch_size`` windows of ``config.context +
+    config.eval_seq_len`` tokens per call; for a SAFFU stack on CPU nearly all of it is the
+    ``V``-wide output matmul. A document's scores do not depend on what precedes it (SAFFU
+    windows and the transformer's attention stop at ``<eod>``), so a sample scores each
+    document exactly as the whole split does.
+    """
+    if max_tokens is not None and max_tokens < 0:
+        raise SaffuError(f"--eval-tokens must be ≥ 0 (0: whole splits), got {max_tokens}")
     stream = workdir.tokens(split)
-    loss = jax.jit(lambda w, m: window_loss(params, config, w, m))
-    end = len(stream) if not max_tokens else min(len(stream), 1 + max_tokens)
-    nll, count = total_nll(loss, stream, 1, end, config.context, config.eval_seq_len,
+    ranges, info = workdir.sample_documents(split, max_tokens or len(stream))
+    loss = functools.partial(_window_loss, params, config)
+    nll, count = total_nll(loss, stream, ranges, config.context, config.eval_seq_len, batch_size,
                            progress=f"eval {split}" if progress else None)
+    if count != info["predicted_tokens"]:
+        raise SaffuError(f"scored {count} targets of {split} but expected {info['predicted_tokens']}; "
+                         f"the work directory is damaged, run `saffu prepare` again")
     prefix = f"{split}_" if prefix is None else prefix
-    if end == len(stream):
-        return split_metrics(nll, workdir.split_info(split), prefix)
-    return {f"{prefix}loss": nll / count, f"{prefix}ppl": float(np.exp(nll / count))}
+    return {**split_metrics(nll, info, prefix), f"{prefix}tokens": count,
+            f"{prefix}documents": int(info["documents"]), f"{prefix}whole_split": ranges == [(1, len(stream))]}
 
 
 def generate(params: Params, config: SaffuConfig, tokenizer, key: jax.Array, num_samples: int = 3,

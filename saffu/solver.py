@@ -227,7 +227,7 @@ def _calibrate(solved, block, index, config, stream, counted_end, solver):
     Newton's method for the direct form (convex: the logits are linear in the temperatures),
     L-BFGS for the chain."""
     truncated = dataclasses.replace(config, blocks=index + 1)
-    batches = list(range_windows(stream, counted_end, len(stream), truncated.context, 256, 8))
+    batches = list(range_windows(stream, [(counted_end, len(stream))], truncated.context, 256, 8))
     windows = jnp.asarray(np.stack([w for w, _ in batches]))                 # [n, 8, R + 256]
     masks = jnp.asarray(np.stack([m for _, m in batches]))
     count = float(masks.sum())

@@ -84,6 +84,31 @@ class WorkDir:
     def tokenizer(self):
         return tok.load_tokenizer(self.path / "tokenizer.json")
 
+    def sample_documents(self, split: str, tokens: int, seed: int = 0) -> tuple[list[tuple[int, int]], dict]:
+        """Whole documents of ``split`` totalling about ``tokens`` predicted tokens, drawn from
+        :data:`SUBSET_BLOCKS` evenly spaced blocks of the stream as :func:`subset_workdir` draws
+        them (so every source file of a split is represented, not only the first).
+
+        Returns the target ranges ``[(begin, end), …]`` (stream positions, each a run of whole
+        documents with their closing ``<eod>``; the ``<eod>`` before ``begin`` is context) and
+        their exact counts, like :meth:`split_info`: ``documents``, ``predicted_tokens``,
+        ``bytes``, ``words``, ``replaced_bytes``. Asking for the whole split or more returns
+        ``[(1, len(stream))]`` and the stored counts.
+        """
+        info = self.split_info(split)
+        stream = self.tokens(split)
+        if tokens >= info["predicted_tokens"]:
+            return [(1, len(stream))], dict(info)
+        stream = np.asarray(stream)
+        first, last = _document_bounds(stream, self, split)
+        lengths = last - first + 1                        # a document's tokens and its closing <eod>
+        ranges = _select_documents(lengths, tokens, seed)
+        chosen = np.concatenate([np.arange(a, b) for a, b in ranges])
+        per_doc, _ = _document_text_counts(self, split, stream, first, last, show_progress=False)
+        counts = {"documents": len(chosen), "predicted_tokens": int(lengths[chosen].sum()),
+                  **{key: int(values[chosen].sum()) for key, values in per_doc.items()}}
+        return [(int(first[a]), int(last[b - 1]) + 1) for a, b in ranges], counts
+
 
 def open_workdir(path: str | Path) -> WorkDir:
     """Open a work directory written by :func:`prepare`; a clear error if it is not one."""

@@ -1,30 +1,72 @@
 import json
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import saffu.blimp
 from saffu import SaffuError
-from saffu.blimp import Pair, blimp_accuracy, load_blimp, sentence_log_probs
+from saffu.blimp import Pair, blimp_accuracy, document_local, load_blimp, sentence_log_probs
 from saffu.cli import main
-from saffu.model import SaffuConfig, init_params, saffu_logits
+from saffu.model import SaffuConfig, init_params
 from saffu.tokenizer import EOD_ID, PAD_ID
+from saffu.transformer import TransformerConfig
+
+SENTENCES = ["the cat sat on the mat .", "a dog", "where is the cat ?", "", "the dog sat on the log . " * 3,
+             "a dog", "cats", "the cat sat on the mat ."]
 
 
-def test_sentence_scores_match_a_direct_forward(tiny_workdir):
-    config = SaffuConfig(vocab_size=tiny_workdir.vocab_size, bits=16, radius=3)
-    params = init_params(config, jax.random.key(0), scale=0.5)
-    tokenizer = tiny_workdir.tokenizer()
-    sentences = ["the cat sat on the mat .", "a dog", "where is the cat ?"]
-    got = sentence_log_probs(params, config, tokenizer, sentences, batch_size=2, progress=False)
-    for sentence, score in zip(sentences, got):
+def _direct_scores(params, config, tokenizer, sentences, length=48):
+    """Each sentence alone after ``<pad> … <eod>`` (then ``<pad>`` to a fixed length, unseen by
+    the causal models), one row per call, log-softmax in float64."""
+    logits_of = jax.jit(config.logits)
+    out = []
+    for sentence in sentences:
         ids = tokenizer.encode(sentence).ids
-        tokens = np.asarray([PAD_ID] * (config.context - 1) + [EOD_ID] + ids, np.int32)
-        logits = np.asarray(saffu_logits(params, config, tokens[None]), np.float64)[0]
-        log_probs = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
-            - logits.max(-1, keepdims=True)
-        expected = sum(log_probs[config.context - 1 + i, t] for i, t in enumerate(ids))
-        assert score == pytest.approx(expected, rel=1e-5)
+        tokens = np.full(length, PAD_ID, np.int32)
+        tokens[config.context - 1] = EOD_ID
+        tokens[config.context:config.context + len(ids)] = ids
+        logits = np.asarray(logits_of(params, jnp.asarray(tokens[None])), np.float64)[0]
+        top = logits.max(-1, keepdims=True)
+        log_probs = logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
+        out.append(sum(log_probs[config.context - 1 + i, t] for i, t in enumerate(ids)))
+    return np.asarray(out)
+
+
+MODELS = {
+    "direct": lambda v: SaffuConfig(vocab_size=v, bits=16, radius=3),
+    "chain-log": lambda v: SaffuConfig(vocab_size=v, bits=16, radius=4, heads=2, hidden=9, value_form="log"),
+    "stacked": lambda v: SaffuConfig(vocab_size=v, bits=16, radius=3, blocks=2, positions=1),
+    "transformer": lambda v: TransformerConfig(vocab_size=v, width=16, layers=2, heads=2, context_tokens=4,
+                                               max_len=64),
+}
+
+
+@pytest.mark.parametrize("pack", [None, False, True], ids=["default", "padded", "packed"])
+@pytest.mark.parametrize("model", MODELS)
+def test_sentence_scores_match_a_direct_forward(tiny_workdir, model, pack, monkeypatch):
+    config = MODELS[model](tiny_workdir.vocab_size)
+    if pack and not document_local(config):
+        pytest.skip("a transformer's absolute positions change when sentences are packed")
+    params = init_params(config, jax.random.key(0), scale=0.5) if config.kind == "saffu" \
+        else config.init(jax.random.key(0))
+    tokenizer = tiny_workdir.tokenizer()
+    monkeypatch.setattr(saffu.blimp, "PACKED_ROW", 16)         # several rows, one longer sentence
+    got = sentence_log_probs(params, config, tokenizer, SENTENCES, batch_size=2, progress=False, pack=pack)
+    np.testing.assert_allclose(got, _direct_scores(params, config, tokenizer, SENTENCES), rtol=1e-5)
+    assert got[3] == 0.0                                       # the empty sentence
+    assert got[1] == got[5] and got[0] == got[7]               # equal sentences, equal scores
+
+
+def test_packed_and_padded_layouts_agree_with_default_batches(tiny_workdir):
+    config = MODELS["stacked"](tiny_workdir.vocab_size)
+    params = init_params(config, jax.random.key(1), scale=0.5)
+    tokenizer = tiny_workdir.tokenizer()
+    sentences = [" ".join(["the cat sat on the mat ."] * (i % 5)) + f" {i}" for i in range(300)]
+    packed = sentence_log_probs(params, config, tokenizer, sentences, progress=False)
+    padded = sentence_log_probs(params, config, tokenizer, sentences, progress=False, pack=False)
+    np.testing.assert_allclose(packed, padded, rtol=1e-6)
 
 
 def test_accuracy_counts_ties_as_wrong_and_groups():
@@ -52,3 +94,13 @@ def test_trained_model_prefers_the_grammatical_word_order(tiny_workdir, tmp_path
     assert metrics["blimp_accuracy"] == 1.0 and metrics["blimp_word_order"] == 1.0
     with pytest.raises(SaffuError, match="no BLiMP"):
         load_blimp(tmp_path / "missing")
+
+
+def test_field_spellings_are_one_field(tmp_path):
+    from saffu.blimp import field_name, load_blimp
+    assert field_name("syntax/semantics") == field_name("syntax_semantics") == field_name("syntax-semantics ")
+    for name, field in (("a", "syntax/semantics"), ("b", "syntax_semantics")):
+        (tmp_path / f"{name}.jsonl").write_text(json.dumps({"sentence_good": "x", "sentence_bad": "y",
+                                                            "field": field, "UID": name}) + "\n")
+    metrics = blimp_accuracy(load_blimp(tmp_path), np.ones(2), np.zeros(2))
+    assert [key for key in metrics if key.startswith("blimp_field_")] == ["blimp_field_syntax_semantics"]
