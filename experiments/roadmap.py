@@ -161,7 +161,7 @@ def evaluate_dev(params, config: SaffuConfig, workdir: WorkDir) -> dict:
     """Loss, perplexity and bits per byte of the whole dev split (exactly
     :func:`saffu.runs.evaluate_split`'s figures)."""
     stream = workdir.tokens("dev")
-    nll, _ = total_nll(lambda w, m: _window_loss(params, config, w, m), stream, 1, len(stream), config.context)
+    nll, _ = total_nll(lambda w, m: _window_loss(params, config, w, m), stream, [(1, len(stream))], config.context)
     return split_metrics(nll, workdir.split_info("dev"), "dev_")
 
 
