@@ -1,7 +1,6 @@
 """Reliability guarantees (docs/reliability.md): interrupted runs, determinism, damaged
 checkpoints, fuzzed inputs."""
 
-import gc
 import subprocess
 import sys
 import time
@@ -68,8 +67,6 @@ def test_same_seed_same_statistics_weights_and_curve(tiny_workdir, tmp_path):
             np.testing.assert_array_equal(by_devices[0][name], other[name])
 
 
-# orbax's reader threads report the damage once more while shutting down; the test checks what users see
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_damaged_checkpoint_is_one_line_for_eval_and_resume(tiny_workdir, tmp_path, capsys):
     run = tmp_path / "run"
     args = ["--workdir", str(tiny_workdir.path), "--run", str(run), "--quiet"]
@@ -85,7 +82,6 @@ def test_damaged_checkpoint_is_one_line_for_eval_and_resume(tiny_workdir, tmp_pa
     assert main(["train", *args, "--init", "random", "--steps", "6", "--batch-size", "2", "--seq-len", "16"]) == 2
     err = capsys.readouterr().err.strip()
     assert "cannot resume" in err and "\n" not in err
-    gc.collect()   # orbax's abandoned readers of the damaged file report here, under this test's filter
 
 
 @settings(max_examples=60, deadline=None)
@@ -132,7 +128,6 @@ def test_statistics_rerun_is_a_clean_restart(tiny_workdir, tmp_path):
     assert not list(work.glob(".*.tmp"))                                    # no temp files left behind
 
 
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_resuming_with_another_model_shape_is_refused(tiny_workdir, tmp_path):
     from saffu import SaffuError
     stream = tiny_workdir.tokens("train_10M")
@@ -143,4 +138,3 @@ def test_resuming_with_another_model_shape_is_refused(tiny_workdir, tmp_path):
     with pytest.raises(SaffuError, match="another model"):
         train(other, init_params(other, jax.random.key(0)), stream, TrainConfig(steps=4, batch_size=2, seq_len=16),
               tmp_path / "run", progress=False)
-    gc.collect()   # as above: orbax's abandoned readers report under this test's filter, not a later test's
