@@ -157,3 +157,13 @@ def test_eval_names_the_weights_it_loaded(tmp_path, tiny_workdir, capsys):
     out = capsys.readouterr().out
     assert "checkpoint: checkpoint" not in out
     assert json.loads((tmp_path / "e.json").read_text())["weights"] == "checkpoint step 2"
+
+
+def test_a_clone_folder_named_saffu_does_not_shadow_the_package(tmp_path):
+    # `make` installs in editable_mode=compat: the checkout is on sys.path, so a script run from
+    # the parent of a clone called `saffu` (a namespace-package candidate) still finds the package
+    (tmp_path / "saffu" / "tests").mkdir(parents=True)
+    script = tmp_path / "script.py"
+    script.write_text("import saffu\nprint(saffu.babylm_corpus.__module__)\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0 and done.stdout.strip() == "saffu.corpus", done.stderr[-300:]
