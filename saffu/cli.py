@@ -370,7 +370,6 @@ def cmd_ngram(args) -> dict:
     """Interpolated modified Kneser-Ney from the engine's n-gram counts: dev figures, ARPA file,
     BLiMP."""
     from saffu import accounting, kneser_ney
-    from saffu.evaluation import split_metrics
     from saffu.workdir import open_workdir
     if not 1 <= args.order <= 9:
         raise SaffuError(f"--order must be between 1 and 9, got {args.order}")
@@ -380,29 +379,15 @@ def cmd_ngram(args) -> dict:
     model = kneser_ney.fit_kneser_ney(train_stream, args.order, vocab_size=workdir.vocab_size,
                                       progress=None if args.quiet else "count n-grams")
     fit_seconds = time.perf_counter() - start
-    entries = model.num_ngrams()
     metrics = {"order": args.order, "fit_seconds": fit_seconds, "tokens_per_s": (len(train_stream) - 1) / fit_seconds,
-               # one probability per n-gram and one backoff weight per n-gram below the top order
-               "params": int(sum(entries) + sum(entries[:-1])),
-               **{f"ngrams_{k}": n for k, n in enumerate(entries, 1)}}
-    for split in _eval_splits(workdir):
-        stream = workdir.tokens(split)
-        tick = time.perf_counter()
-        scores = kneser_ney.log_probs(model, stream, 1, len(stream), progress=None if args.quiet else f"score {split}")
-        metrics.update(split_metrics(-float(scores.sum()), workdir.split_info(split), f"{split}_"))
-        metrics[f"{split}_score_seconds"] = time.perf_counter() - tick
+               **kneser_ney.model_size(model),
+               **kneser_ney.score_splits(model, workdir, _eval_splits(workdir), progress=not args.quiet)}
     if args.arpa:
         tick = time.perf_counter()
         kneser_ney.write_arpa(model, args.arpa)
         metrics.update(arpa=str(args.arpa), arpa_seconds=time.perf_counter() - tick)
     if args.blimp:
-        from saffu.blimp import blimp_accuracy, load_blimp
-        pairs = load_blimp(args.blimp)
-        tokenizer = workdir.tokenizer()
-        encode = lambda texts: [e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
-        good = kneser_ney.sentence_log_probs(model, encode([p.good for p in pairs]))
-        bad = kneser_ney.sentence_log_probs(model, encode([p.bad for p in pairs]))
-        metrics.update(blimp_accuracy(pairs, good, bad))
+        metrics.update(kneser_ney.evaluate_blimp(model, workdir.tokenizer(), args.blimp))
     metrics.update(accounting.memory_record())
     _print_metrics(f"Kneser-Ney {args.order}-gram on {workdir.meta['corpus']}", metrics)
     return metrics

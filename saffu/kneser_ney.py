@@ -675,28 +675,56 @@ def _read_arpa(path: Path, token_names: Sequence[str] | None, vocab_size: int | 
 
 # --------------------------------------------------------------------------- work directories
 
+def score_splits(model: KneserNeyModel, workdir: WorkDir, splits: Sequence[str], *, chunk_size: int = 1 << 16,
+                 progress: bool = False) -> dict[str, float]:
+    """Score every target of each split of ``splits`` (positions ``1 … end``): the
+    :func:`saffu.evaluation.split_metrics` figures (``{split}_loss``, ``_ppl``, ``_bpb``,
+    ``_word_ppl``) and ``{split}_score_seconds``."""
+    metrics: dict[str, float] = {}
+    for split in splits:
+        start = time.perf_counter()
+        stream = workdir.tokens(split)
+        scores = log_probs(model, stream, 1, len(stream), chunk_size=chunk_size,
+                           progress=f"score {split}" if progress else None)
+        metrics.update(split_metrics(-float(scores.sum()), workdir.split_info(split), f"{split}_"))
+        metrics[f"{split}_score_seconds"] = time.perf_counter() - start
+    return metrics
+
+
+def model_size(model: KneserNeyModel) -> dict[str, int]:
+    """``ngrams_<k>`` (entries per order; order 1 is the vocabulary) and ``params``: one
+    probability per n-gram and one backoff weight per n-gram below the top order."""
+    entries = model.num_ngrams()
+    return {"params": int(sum(entries) + sum(entries[:-1])), **{f"ngrams_{k}": n for k, n in enumerate(entries, 1)}}
+
+
+def evaluate_blimp(model: KneserNeyModel, tokenizer, directory) -> dict[str, float]:
+    """BLiMP accuracy of ``model`` (:func:`saffu.blimp.blimp_accuracy`): every sentence scored
+    as a document, :func:`sentence_log_probs`."""
+    from saffu.blimp import blimp_accuracy, load_blimp
+    pairs = load_blimp(directory)
+    encode = lambda texts: [e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
+    good = sentence_log_probs(model, encode([p.good for p in pairs]))
+    bad = sentence_log_probs(model, encode([p.bad for p in pairs]))
+    return blimp_accuracy(pairs, good, bad)
+
+
 def evaluate_workdir(workdir: WorkDir, order: int, split: str = "dev", *, chunk_size: int = 1 << 16,
                      progress: bool = False) -> dict[str, float]:
     """Fit an order-``order`` model on the training split of a :class:`saffu.workdir.WorkDir`
     and score every target of ``split`` (positions ``1 … end``).
 
-    Returns the :func:`saffu.evaluation.split_metrics` figures (``{split}_loss``, ``_ppl``,
-    ``_bpb``, ``_word_ppl``) plus ``order``, ``fit_seconds``, ``score_seconds``, ``ngrams_<k>``
-    (model entries per order; order 1 is the vocabulary) and ``discount_<k>_<j>``.
+    Returns the :func:`score_splits` figures of ``split`` plus ``order``, ``fit_seconds``,
+    ``score_seconds``, ``ngrams_<k>`` (model entries per order; order 1 is the vocabulary)
+    and ``discount_<k>_<j>``.
     """
     start = time.perf_counter()
     model = fit_kneser_ney(workdir.tokens(workdir.train_split), order, vocab_size=workdir.vocab_size,
                            chunk_size=chunk_size, progress="count n-grams" if progress else None)
-    fit_seconds = time.perf_counter() - start
-    start = time.perf_counter()
-    stream = workdir.tokens(split)
-    scores = log_probs(model, stream, 1, len(stream), chunk_size=chunk_size,
-                       progress=f"score {split}" if progress else None)
-    score_seconds = time.perf_counter() - start
-    metrics: dict[str, float] = split_metrics(-float(scores.sum()), workdir.split_info(split), f"{split}_")
-    metrics.update(order=order, fit_seconds=fit_seconds, score_seconds=score_seconds)
-    for k, n in enumerate(model.num_ngrams(), 1):
-        metrics[f"ngrams_{k}"] = n
+    metrics: dict[str, float] = {"order": order, "fit_seconds": time.perf_counter() - start}
+    metrics.update(score_splits(model, workdir, [split], chunk_size=chunk_size, progress=progress))
+    metrics["score_seconds"] = metrics.pop(f"{split}_score_seconds")
+    metrics.update({key: n for key, n in model_size(model).items() if key != "params"})
     for k in range(order):
         for j in range(3):
             metrics[f"discount_{k + 1}_{j + 1}"] = float(model.discounts[k, j])

@@ -135,6 +135,20 @@ def evaluate_split(params: Params, config: SaffuConfig, workdir: WorkDir, split:
             f"{prefix}documents": int(info["documents"]), f"{prefix}whole_split": ranges == [(1, len(stream))]}
 
 
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _sample_next(params: Params, config, top_k: int, windows: jax.Array, key: jax.Array,
+                 temperature: jax.Array) -> jax.Array:
+    """The next token of every window, ``int32[B]``, from ``softmax(logits / temperature)``
+    restricted to the ``top_k`` most likely tokens (all for 0), never ``<pad>``; the weights
+    are arguments, so one compilation serves every call of a config and shape."""
+    logits = config.logits(params, windows)[:, -1] / temperature
+    if top_k:
+        threshold = jax.lax.top_k(logits, top_k)[0][:, -1:]
+        logits = jnp.where(logits < threshold, -jnp.inf, logits)
+    logits = logits.at[:, PAD_ID].set(-jnp.inf)
+    return jax.random.categorical(key, logits)
+
+
 def generate(params: Params, config: SaffuConfig, tokenizer, key: jax.Array, num_samples: int = 3,
              max_tokens: int = 60, temperature: float = 1.0, top_k: int = 0) -> list[str]:
     """Sample documents: each starts after an ``<eod>`` (a document start) and stops at the
@@ -142,22 +156,13 @@ def generate(params: Params, config: SaffuConfig, tokenizer, key: jax.Array, num
     if temperature <= 0:
         raise SaffuError("--temperature must be > 0")
     R = config.context
-
-    @jax.jit
-    def sample(windows, key):
-        logits = config.logits(params, windows)[:, -1] / temperature
-        if top_k:
-            threshold = jax.lax.top_k(logits, top_k)[0][:, -1:]
-            logits = jnp.where(logits < threshold, -jnp.inf, logits)
-        logits = logits.at[:, PAD_ID].set(-jnp.inf)
-        return jax.random.categorical(key, logits)
-
     windows = np.full((num_samples, R + 1), PAD_ID, np.int32)
     windows[:, -1] = EOD_ID
     outputs = [[] for _ in range(num_samples)]
     finished = np.zeros(num_samples, bool)
     for step_key in jax.random.split(key, max_tokens):
-        tokens = np.asarray(sample(jnp.asarray(windows), step_key))
+        tokens = np.asarray(_sample_next(params, config, top_k, jnp.asarray(windows), step_key,
+                                         jnp.float32(temperature)))
         for i, token in enumerate(tokens):
             if not finished[i]:
                 if token == EOD_ID:

@@ -132,6 +132,10 @@ def test_training_says_it_resumes_and_how_to_resume(tmp_path, tiny_workdir, caps
     assert "resuming" in out and "step 2 of 4" in out
     metrics = json.loads((tmp_path / "m.json").read_text())
     assert metrics["steps"] == 4
+    # tokens/s of the resumed call: its own 2 steps over its own seconds (not the run's cumulative seconds)
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    at_resume = next(r["seconds"] for r in records if r["step"] == 2)
+    assert metrics["tokens_per_s"] == pytest.approx(2 * 2 * 16 / (metrics["train_seconds"] - at_resume), rel=1e-6)
     assert main(common + ["--steps", "4"]) == 0                             # finished: says so, trains nothing
     assert "already finished" in capsys.readouterr().out
 

@@ -271,3 +271,21 @@ def test_evaluate_workdir(tiny_workdir):
     dev = tiny_workdir.tokens("dev")
     total = -kn.log_probs(model, dev).sum()
     assert trigram["dev_loss"] == pytest.approx(total / (len(dev) - 1), rel=1e-12)
+
+
+def test_cli_ngram_scores_writes_arpa_and_blimp(tiny_workdir, tmp_path):
+    import json
+    from saffu.cli import main
+    blimp = tmp_path / "blimp"
+    blimp.mkdir()
+    (blimp / "p.jsonl").write_text(json.dumps({"sentence_good": "the cat sat on the mat .", "field": "syntax",
+                                               "sentence_bad": "mat the on sat cat the .", "UID": "p"}) + "\n")
+    metrics_path = tmp_path / "kn.json"
+    assert main(["ngram", "--workdir", str(tiny_workdir.path), "--order", "3", "--arpa", str(tmp_path / "kn.arpa"),
+                 "--blimp", str(blimp), "--quiet", "--metrics-json", str(metrics_path)]) == 0
+    metrics = json.loads(metrics_path.read_text())
+    reference = kn.evaluate_workdir(tiny_workdir, 3)
+    assert metrics["dev_loss"] == pytest.approx(reference["dev_loss"], rel=1e-12)
+    assert metrics["ngrams_3"] == reference["ngrams_3"] and metrics["blimp_accuracy"] == 1.0
+    assert kn.read_arpa(tmp_path / "kn.arpa").num_ngrams() == kn.fit_kneser_ney(
+        tiny_workdir.tokens("train_10M"), 3, vocab_size=tiny_workdir.vocab_size).num_ngrams()
