@@ -29,6 +29,19 @@ def window_at(stream: np.ndarray, first_target: int, end: int, context: int, seq
     return window, mask
 
 
+def stack_windows(stream: np.ndarray, starts, ends, context: int, seq_len: int,
+                  rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`window_at` for every ``(start, end)`` of ``zip(starts, ends)``, stacked:
+    ``int32[B, R + T]`` and ``bool[B, T]``; with ``rows``, padded to ``B = rows`` with fully
+    masked ``<pad>`` rows (one compiled shape for a short last batch)."""
+    pairs = [window_at(stream, int(s), int(e), context, seq_len) for s, e in zip(starts, ends)]
+    windows = np.full((rows or len(pairs), context + seq_len), PAD_ID, np.int32)
+    mask = np.zeros((rows or len(pairs), seq_len), bool)
+    for i, (window, row_mask) in enumerate(pairs):
+        windows[i], mask[i] = window, row_mask
+    return windows, mask
+
+
 def range_windows(stream: np.ndarray, ranges: list[tuple[int, int]], context: int, seq_len: int,
                   batch_size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Batches ``(int32[B, R + T], bool[B, T])`` covering the targets of every ``[begin, end)``
@@ -36,10 +49,8 @@ def range_windows(stream: np.ndarray, ranges: list[tuple[int, int]], context: in
     with fully masked rows."""
     starts = [(s, end) for begin, end in ranges for s in range(begin, end, seq_len)]
     for i in range(0, len(starts), batch_size):
-        rows = [window_at(stream, s, end, context, seq_len) for s, end in starts[i:i + batch_size]]
-        while len(rows) < batch_size:
-            rows.append((np.full(context + seq_len, PAD_ID, np.int32), np.zeros(seq_len, bool)))
-        yield np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows])
+        batch = starts[i:i + batch_size]
+        yield stack_windows(stream, [s for s, _ in batch], [e for _, e in batch], context, seq_len, batch_size)
 
 
 def total_nll(loss_fn: Callable, stream: np.ndarray, ranges: list[tuple[int, int]], context: int,

@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 
 from saffu import accounting
 from saffu._io import SaffuError
-from saffu.batches import window_at
+from saffu.batches import stack_windows
 from saffu.codes import SparseCodes
 from saffu.tokenizer import EOD_ID, PAD_ID
 
@@ -263,8 +263,8 @@ def _windows(stream: np.ndarray, first_target: int, end: int, num_devices: int,
              chunk_size: int, radius: int) -> tuple[np.ndarray, np.ndarray]:
     """Host side of one step: ``int32[D, R + C]`` windows and ``bool[D, C]`` masks, device
     ``d`` taking the ``d``-th chunk of ``C`` targets."""
-    rows = [window_at(stream, first_target + d * chunk_size, end, radius, chunk_size) for d in range(num_devices)]
-    return np.stack([w for w, _ in rows]), np.stack([m for _, m in rows])
+    starts = first_target + chunk_size * np.arange(num_devices)
+    return stack_windows(stream, starts, [end] * num_devices, radius, chunk_size)
 
 
 @functools.lru_cache(maxsize=32)

@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from saffu import accounting
 from saffu._io import SaffuError
-from saffu.batches import shuffled_window_starts, window_at
+from saffu.batches import shuffled_window_starts, stack_windows
 from saffu.configs import TrainConfig
 from saffu.model import Params, SaffuConfig, window_loss
 from saffu.statistics import local_mesh
@@ -62,9 +62,8 @@ class BatchSchedule:
             self._starts = shuffled_window_starts(1, len(self.stream), self.config.seq_len,
                                                   jax.random.fold_in(self._key, epoch))
         starts = self._starts[index * self.config.batch_size:(index + 1) * self.config.batch_size]
-        rows = [window_at(self.stream, int(s), len(self.stream), self.model.context, self.config.seq_len)
-                for s in starts]
-        return np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows])
+        return stack_windows(self.stream, starts, [len(self.stream)] * len(starts), self.model.context,
+                             self.config.seq_len)
 
 
 def evenly_spaced_windows(stream: np.ndarray, model: SaffuConfig, seq_len: int, count: int):
@@ -72,8 +71,8 @@ def evenly_spaced_windows(stream: np.ndarray, model: SaffuConfig, seq_len: int, 
     that samples every file, not only the first)."""
     last = max(len(stream) - seq_len, 1)
     starts = np.unique(np.linspace(1, last, min(count, max(last // seq_len, 1))).astype(int))
-    rows = [window_at(stream, int(s), len(stream), model.context, seq_len) for s in starts]
-    return jnp.asarray(np.stack([r[0] for r in rows])), jnp.asarray(np.stack([r[1] for r in rows]))
+    windows, mask = stack_windows(stream, starts, [len(stream)] * len(starts), model.context, seq_len)
+    return jnp.asarray(windows), jnp.asarray(mask)
 
 
 def _checkpoint_manager(directory: Path) -> ocp.CheckpointManager:
