@@ -152,6 +152,12 @@ def test_states_stay_on_all_devices_and_memory_is_chunk_sized():
     acc = {"u": unigram_counts(30)}
     small = accumulate_states(stream, acc, chunk_size=16, progress=None)
     assert small["u"].shape == (30,)                    # state size independent of the stream
+    np.testing.assert_array_equal(small["u"], np.bincount(stream[1:], minlength=30))   # exact over 4 devices
+    # one step reads one chunk of targets per device (plus its context), whatever the stream's length
+    from saffu.statistics import _windows
+    windows, mask = _windows(stream, 4990, len(stream), num_devices=4, chunk_size=16, radius=3)
+    assert windows.shape == (4, 3 + 16) and mask.shape == (4, 16)
+    assert mask.sum() == len(stream) - 4990 and not mask[1:].any()        # the tail past the end is masked
     with pytest.raises(SaffuError, match="outside the stream"):
         accumulate_states(stream, acc, begin=0, progress=None)
 
