@@ -115,10 +115,14 @@ def cmd_prepare(args) -> dict:
     return metrics
 
 
+def _smoothing(args) -> configs.Smoothing:
+    return configs.Smoothing(kind=args.smoothing, alpha=args.alpha, mu=args.mu)
+
+
 def _bigram_config(args) -> configs.BigramConfig:
     return configs.BigramConfig(cipher=configs.CipherConfig(bits=args.bits, background=args.background),
-                                smoothing=configs.Smoothing(kind=args.smoothing, alpha=args.alpha, mu=args.mu),
-                                holdout_tokens=args.holdout_tokens, chunk_size=args.chunk_size)
+                                smoothing=_smoothing(args), holdout_tokens=args.holdout_tokens,
+                                chunk_size=args.chunk_size)
 
 
 def _eval_splits(workdir) -> list[str]:
@@ -263,8 +267,8 @@ def cmd_fit(args) -> dict:
         raise SaffuError("--background is not supported by the SAFFU solver yet (codes are unblended); "
                          "drop the flag")
     config = _model_config(args, workdir.vocab_size)
-    solver = configs.SolverConfig(smoothing=configs.Smoothing(kind=args.smoothing, alpha=args.alpha, mu=args.mu),
-                                  holdout_tokens=args.holdout_tokens, chunk_size=args.chunk_size)
+    solver = configs.SolverConfig(smoothing=_smoothing(args), holdout_tokens=args.holdout_tokens,
+                                  chunk_size=args.chunk_size)
     params, report = solve_explicit(workdir, config, solver, progress=not args.quiet)
     Path(args.run).mkdir(parents=True, exist_ok=True)
     save_run_config(args.run, config, workdir)
@@ -280,7 +284,7 @@ def cmd_train(args) -> dict:
     from saffu.model import parameter_count
     from saffu.workdir import open_workdir
     from saffu.runs import load_explicit, load_run_config, save_run_config
-    from saffu.training import data_parallel_mesh, latest_checkpoint_step, steps_per_epoch, train
+    from saffu.training import data_parallel_mesh, latest_checkpoint_step, run_steps, train
 
     workdir = open_workdir(args.workdir)
     run = Path(args.run)
@@ -305,7 +309,7 @@ def cmd_train(args) -> dict:
         eval_every=args.eval_every, checkpoint_every=args.checkpoint_every, seed=args.seed,
         freeze=tuple(args.freeze), thaw_step=args.thaw_step, on_nonfinite=args.on_nonfinite)
     train_stream = workdir.tokens(workdir.train_split)
-    steps = train_config.steps or steps_per_epoch(len(train_stream) - 1, train_config)
+    steps = run_steps(train_stream, train_config)
     resumed = latest_checkpoint_step(run)
     if resumed is not None:
         _say(args, f"resuming {run} from its checkpoint at step {resumed:,} of {steps:,}")

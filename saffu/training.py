@@ -45,6 +45,11 @@ def steps_per_epoch(num_targets: int, config: TrainConfig) -> int:
     return max(num_targets // (config.seq_len * config.batch_size), 1)
 
 
+def run_steps(train_stream: np.ndarray, config: TrainConfig) -> int:
+    """The optimizer steps of a run on ``train_stream``: ``config.steps``, or one epoch for 0."""
+    return config.steps or steps_per_epoch(len(train_stream) - 1, config)
+
+
 class BatchSchedule:
     """The batch of every step as a pure function of ``(seed, step)``: windows in a seeded
     shuffled order per epoch, so resuming at step ``i`` sees exactly the data it would have."""
@@ -108,7 +113,7 @@ def train(model, params: Params, train_stream: np.ndarray, config: TrainConfig,
     Returns the final parameters and the evaluation history of this call.
     """
     run_dir = Path(run_dir)
-    steps = config.steps or steps_per_epoch(len(train_stream) - 1, config)
+    steps = run_steps(train_stream, config)
     optimizer = make_optimizer(config, steps)
     schedule = BatchSchedule(train_stream, model, config)
     frozen = set(config.freeze)

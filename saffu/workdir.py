@@ -135,15 +135,12 @@ def open_workdir(path: str | Path) -> WorkDir:
 def _write_stream(tokenizer, files, out: Path, dtype: np.dtype, desc: str,
                   show_progress: bool) -> dict[str, int]:
     stats = ReadStats()
-    total = sum(f.stat().st_size for f in files)
     num_tokens = 0
     longest = 0
-    with atomic_open(out) as handle, tqdm(total=total, unit="B", unit_scale=True, desc=desc,
-                                          leave=False, disable=not show_progress) as bar:
+    with atomic_open(out) as handle:
         handle.write(np.asarray([tok.EOD_ID], dtype=dtype).tobytes())
         num_tokens += 1
-        seen_bytes = 0
-        for batch in tok.encode_batches(tokenizer, iter_documents(files, stats)):
+        for batch in tok.encode_batches(tokenizer, _read_with_progress(files, desc, show_progress, stats)):
             flat = []
             for ids in batch:
                 flat.extend(ids)
@@ -151,16 +148,14 @@ def _write_stream(tokenizer, files, out: Path, dtype: np.dtype, desc: str,
                 longest = max(longest, len(ids))
             handle.write(np.asarray(flat, dtype=dtype).tobytes())
             num_tokens += len(flat)
-            bar.update(stats.bytes - seen_bytes)
-            seen_bytes = stats.bytes
     return {"tokens": num_tokens, "predicted_tokens": num_tokens - 1,
             "documents": stats.documents, "bytes": stats.bytes, "words": stats.words,
             "replaced_bytes": stats.replaced_bytes, "longest_document": longest}
 
 
-def _read_with_progress(files, desc: str, show_progress: bool):
-    """:func:`saffu.corpus.iter_documents` with a bytes progress bar."""
-    stats = ReadStats()
+def _read_with_progress(files, desc: str, show_progress: bool, stats: ReadStats | None = None):
+    """:func:`saffu.corpus.iter_documents` (counting into ``stats``) with a bytes progress bar."""
+    stats = stats if stats is not None else ReadStats()
     with tqdm(total=sum(f.stat().st_size for f in files), unit="B", unit_scale=True, desc=desc, leave=False,
               disable=not show_progress) as bar:
         for document in iter_documents(files, stats):
