@@ -30,10 +30,11 @@ def worker(task: dict) -> dict:
     import numpy as np
 
     from saffu import offset_cooccurrence, open_workdir, sparse_bit_cipher, unigram_counts
-    from saffu.model import SaffuConfig, init_params
-    from saffu.solver import solve_explicit
-    from saffu.statistics import accumulate_states, local_mesh
-    from saffu.training import TrainConfig, data_parallel_mesh, train
+    from saffu.engine.accumulators import accumulate_states
+    from saffu.engine.distributed import local_mesh
+    from saffu.models.saffu import SaffuConfig, init_params
+    from saffu.solve.saffu import solve_explicit
+    from saffu.training.trainer import TrainConfig, data_parallel_mesh, train
 
     workdir = open_workdir(task["workdir"])
     stream = np.asarray(workdir.tokens(workdir.train_split))

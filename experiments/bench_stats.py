@@ -17,6 +17,13 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np  # noqa: E402
+import scipy.sparse  # noqa: E402
+
+from saffu import accumulate_states, local_mesh, offset_cooccurrence, open_workdir, sparse_bit_cipher  # noqa: E402
+from saffu._io import write_metrics  # noqa: E402
+from saffu.data.tokenizer import EOD_ID, PAD_ID  # noqa: E402
+
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
@@ -37,13 +44,7 @@ ARGS = parse_args()
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + f" --xla_force_host_platform_device_count={ARGS.devices}").strip()
 
-import numpy as np  # noqa: E402
-import scipy.sparse  # noqa: E402
 
-from saffu import (accumulate_states, local_mesh, offset_cooccurrence, open_workdir,  # noqa: E402
-                   sparse_bit_cipher)
-from saffu._io import write_metrics  # noqa: E402
-from saffu.tokenizer import EOD_ID, PAD_ID  # noqa: E402
 
 
 def numpy_contexts(stream: np.ndarray, radius: int) -> np.ndarray:

@@ -37,6 +37,7 @@ import numpy as np
 
 from saffu._io import SaffuError, atomic_write_json, write_metrics
 
+
 SAFFU_ARCH = ["--radius", "8", "--heads", "1", "--positions", "2", "--bits", "128"]
 
 
@@ -64,7 +65,7 @@ def prepare_workdir(corpus: Path, workdir: Path, vocab_size: int, dev_tokens: in
                "--quiet"], log)
     if not dev_tokens:
         return workdir
-    from saffu.workdir import open_workdir, subset_workdir
+    from saffu.data.workdir import open_workdir, subset_workdir
     target = workdir.parent / f"{workdir.name}-dev{dev_tokens}"
     subset_workdir(open_workdir(workdir), target, dev_tokens=dev_tokens)
     return target
@@ -130,7 +131,7 @@ def main(argv=None):
     start = time.perf_counter()
 
     workdir = prepare_workdir(args.corpus, args.workdir, args.vocab_size, args.dev_tokens, log)
-    from saffu.workdir import open_workdir
+    from saffu.data.workdir import open_workdir
     opened = open_workdir(workdir)
     info = opened.split_info("dev")
     train_tokens = opened.split_info(opened.train_split)["predicted_tokens"]

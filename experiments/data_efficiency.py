@@ -1,7 +1,7 @@
 """Data efficiency: the ``compare`` suite on 10%, 25%, 50% and 100% of the training split.
 
 Each fraction is a work directory of whole training documents spread over the whole split
-(:func:`saffu.workdir.subset_workdir`, same tokenizer, same dev documents), and runs explicit
+(:func:`saffu.data.workdir.subset_workdir`, same tokenizer, same dev documents), and runs explicit
 SAFFU, its warm start, cold start, the parameter-matched transformer and Kneser-Ney for one
 epoch of that fraction (``experiments/compare.py`` with ``--seeds`` cold seeds, no BLiMP and no
 larger transformer). Where does the warm start stop helping? ``results.json`` has every
@@ -21,6 +21,7 @@ from pathlib import Path
 
 from saffu._io import SaffuError, atomic_write_json, write_metrics
 
+
 MODELS = ("explicit", "warm", "cold", "transformer", "kneser_ney")
 
 
@@ -39,13 +40,13 @@ def main(argv=None):
     parser.add_argument("--out", type=Path, default=Path("runs/data_efficiency"))
     parser.add_argument("--metrics-json", type=Path)
     args, compare_flags = parser.parse_known_args(argv)
-    import compare                                                   # experiments/compare.py
+    import compare  # experiments/compare.py
 
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     log = args.out / "commands.log"
     full = compare.prepare_workdir(args.corpus, args.workdir, args.vocab_size, 0, log)
-    from saffu.workdir import open_workdir, subset_workdir
+    from saffu.data.workdir import open_workdir, subset_workdir
     source = open_workdir(full)
     rows = {}
     for fraction in sorted(args.fractions):

@@ -4,12 +4,12 @@ Every variant comes with its parameter count, and the variants that are best per
 (the Pareto front of bits per byte against parameters) are listed and plotted.
 
 The training split is cut to ``--train-tokens`` (whole documents from evenly spaced blocks of
-the stream, :func:`saffu.workdir.subset_workdir`) and the dev split to ``--dev-tokens`` the
+the stream, :func:`saffu.data.workdir.subset_workdir`) and the dev split to ``--dev-tokens`` the
 same way, so every variant is solved and scored on the same data and bits per byte stays
 exact (the subset's byte count is recomputed). The grid varies, around the default
 (M = 8, b = 128, 1 head, 2 positions, direct output, linear value, μ = 3000, calibrated β):
 
-* radius ``M`` × bits ``b`` (the cipher width, ≥ :func:`saffu.codes.min_bits` of ``V``),
+* radius ``M`` × bits ``b`` (the cipher width, ≥ :func:`saffu.engine.codes.min_bits` of ``V``),
 * output positions ``P`` × bits, heads × bits, log-space value × bits,
 * Dirichlet strength μ × bits, no calibration (β = 1, ``holdout_tokens = 0``) × bits,
 * the chain output (``hidden = K = b + 1``, what the explicit chain supports) × bits,
@@ -19,7 +19,7 @@ The grid was sized to finish in under an hour on 2 shared CPU cores with the def
 Newton's calibration costs ``O(G²)`` per holdout token for ``G`` output groups, so wide
 direct outputs (8 positions, 2 heads + 4 positions) appear only with small ``b``.
 
-Each variant is :func:`saffu.solver.solve_explicit` followed by a dev evaluation, in this
+Each variant is :func:`saffu.solve.saffu.solve_explicit` followed by a dev evaluation, in this
 process (no subprocesses). Nothing counted is shared between variants: every stage after the
 first reads the weights solved before it (which depend on μ, ``M`` and ``b``), and the counted
 range depends on the holdout, so only stage 1 could be shared and it costs under a second.
@@ -56,15 +56,16 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
-from saffu import statistics  # noqa: E402
 from saffu._io import SaffuError, atomic_write_json, write_metrics  # noqa: E402
-from saffu.batches import total_nll  # noqa: E402
-from saffu.codes import min_bits  # noqa: E402
-from saffu.evaluation import split_metrics  # noqa: E402
-from saffu.explicit import Smoothing  # noqa: E402
-from saffu.model import SaffuConfig, parameter_count, window_loss  # noqa: E402
-from saffu.workdir import WorkDir, open_workdir, subset_workdir  # noqa: E402
-from saffu.solver import SolverConfig, solve_explicit  # noqa: E402
+from saffu.data.windows import total_nll  # noqa: E402
+from saffu.data.workdir import WorkDir, open_workdir, subset_workdir  # noqa: E402
+from saffu.engine.codes import min_bits  # noqa: E402
+from saffu.engine.explicit import Smoothing  # noqa: E402
+from saffu.eval.metrics import split_metrics  # noqa: E402
+from saffu.models.interface import parameter_count, window_loss  # noqa: E402
+from saffu.models.saffu import SaffuConfig  # noqa: E402
+from saffu.solve.saffu import SolverConfig, solve_explicit  # noqa: E402
+
 
 DEFAULT = {"radius": 8, "bits": 128, "heads": 1, "positions": 2, "hidden": 0, "value_form": "linear",
            "mu": 3000.0, "holdout_tokens": 16_384}
@@ -152,14 +153,14 @@ def model_config(v: dict, vocab_size: int) -> SaffuConfig:
 
 @functools.partial(jax.jit, static_argnums=1)
 def _window_loss(params, config, windows, mask):
-    """:func:`saffu.model.window_loss` with the parameters as arguments: one compilation per
+    """:func:`saffu.models.saffu.window_loss` with the parameters as arguments: one compilation per
     shape, not per variant (closing over them would embed them as constants)."""
     return window_loss(params, config, windows, mask)
 
 
 def evaluate_dev(params, config: SaffuConfig, workdir: WorkDir) -> dict:
     """Loss, perplexity and bits per byte of the whole dev split (exactly
-    :func:`saffu.runs.evaluate_split`'s figures)."""
+    :func:`saffu.eval.scoring.evaluate_split`'s figures)."""
     stream = workdir.tokens("dev")
     nll, _ = total_nll(lambda w, m: _window_loss(params, config, w, m), stream, [(1, len(stream))], config.context)
     return split_metrics(nll, workdir.split_info("dev"), "dev_")
@@ -218,7 +219,6 @@ def run_variant(v: dict, workdir: WorkDir, settings: dict) -> dict:
     tick = time.perf_counter()
     metrics = evaluate_dev(params, config, workdir)
     eval_seconds = time.perf_counter() - tick
-    statistics._sharded_step.cache_clear()   # the cached steps hold this variant's solved weights
     return {"params": parameter_count(params), **metrics, "solve_seconds": solve_seconds,
             "eval_seconds": eval_seconds, "solver": settings, "holdout_loss": report.get("block0_holdout_loss"),
             "temperatures": [report[k] for k in sorted(report) if k.startswith("block0_temperature_")],

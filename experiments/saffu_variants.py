@@ -16,6 +16,7 @@ from pathlib import Path
 from saffu._io import atomic_write_json, write_metrics
 from saffu.cli import main as saffu
 
+
 VARIANTS = {
     "default (M=8, P=2 positions, 1 head, linear value, Dirichlet μ=100)": [],
     "log-space value": ["--value-form", "log"],

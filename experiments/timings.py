@@ -29,6 +29,7 @@ from pathlib import Path
 
 from saffu._io import atomic_write_bytes, atomic_write_json, write_metrics
 
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -1,12 +1,19 @@
 """saffu: explicit (closed-form) SAFFU language models in JAX.
 
-The pipeline, one module per stage: corpus -> tokenizer -> prepare (token streams) ->
-codes (bit-cipher) -> statistics (streaming accumulators) -> explicit (closed-form weights)
--> model / solver (the SAFFU stack and its stage-by-stage explicit solution; the single-layer
-bigram in ``bigram``) -> training (optax warm or cold start) -> evaluation / runs. Baselines on the same tokens:
-``transformer`` (flax decoder-only, same trainer) and ``kneser_ney`` (interpolated modified
-Kneser-Ney from the engine's n-gram counts, ARPA output); ``blimp`` scores any of them;
-``accounting`` measures FLOPs and memory. Every configuration lives in ``configs``.
+The package is laid out as the pipeline runs, imports flowing one way (top to bottom):
+
+* ``configs`` — every configuration dataclass: the only defaults (imports no jax);
+* ``data`` — corpus readers, download, BPE tokenizer, work directories (memory-mapped token
+  streams, subsets, samples) and stream windows;
+* ``engine`` — bit-cipher codes, streaming accumulators (mergeable sums), devices and hosts
+  (meshes, multi-process sums), closed-form smoothing formulas, FLOP and memory accounting;
+* ``ngram`` — exact sparse n-gram counts, Kneser-Ney, ARPA files;
+* ``models`` — the shared model interface and losses, the SAFFU stack, the cipher bigram
+  layer, the transformer baseline;
+* ``solve`` — explicit solutions of the models (SAFFU stage by stage, the bigram layer);
+* ``training`` — the one trainer (warm or cold start) and run directories / checkpoints;
+* ``eval`` — metrics, scoring and generation, BLiMP, the n-gram baseline on work directories;
+* ``cli`` — parses flags and calls the stages above.
 
 The names below are imported on first use, so ``import saffu`` (and ``saffu --help``) does
 not load jax, flax, optax or orbax until something needs them.
@@ -20,25 +27,31 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "saffu._io": ["SaffuError"],
-    "saffu.configs": ["BigramConfig", "BigramTrainConfig", "CipherConfig", "PrepareConfig", "SaffuConfig",
-                      "Smoothing", "SolverConfig", "TrainConfig", "TransformerConfig", "min_bits"],
-    "saffu.bigram": ["BigramModel", "bigram_nll", "fit_explicit_bigram", "random_bigram", "train_bigram"],
-    "saffu.codes": ["SparseCodes", "bit_cipher_codes", "code_background", "dense_codes", "sparse_bit_cipher"],
-    "saffu.corpus": ["Corpus", "babylm_corpus", "iter_documents", "text_files_corpus"],
-    "saffu.download": ["download_babylm"],
-    "saffu.evaluation": ["language_model_metrics", "pair_counts", "split_metrics"],
-    "saffu.explicit": ["calibrate_temperature", "conditional_probabilities", "explicit_softmax_weights",
-                       "unigram_prior"],
-    "saffu.workdir": ["WorkDir", "open_workdir", "prepare"],
-    "saffu.model": ["Saffu", "init_params", "parameter_count", "saffu_logits", "window_loss"],
-    "saffu.runs": ["evaluate_split", "generate", "load_explicit", "load_params", "save_explicit"],
-    "saffu.solver": ["solve_explicit"],
-    "saffu.training": ["train"],
-    "saffu.transformer": ["Transformer"],
-    "saffu.kneser_ney": ["KneserNeyModel", "fit_kneser_ney", "read_arpa", "write_arpa"],
-    "saffu.statistics": ["Accumulator", "Batch", "accumulate", "accumulate_states", "blend_background",
-                         "document_context", "feature_target", "local_mesh", "merge_states",
-                         "offset_cooccurrence", "unigram_counts"],
+    "saffu.configs": ["BigramConfig", "CipherConfig", "PrepareConfig", "SaffuConfig", "Smoothing", "SolverConfig",
+                      "TrainConfig", "TransformerConfig", "min_bits"],
+    "saffu.data.corpus": ["Corpus", "babylm_corpus", "iter_documents", "text_files_corpus"],
+    "saffu.data.download": ["download_babylm"],
+    "saffu.data.workdir": ["WorkDir", "open_workdir", "prepare", "subset_workdir"],
+    "saffu.engine.codes": ["SparseCodes", "bit_cipher_codes", "code_background", "dense_codes", "sparse_bit_cipher"],
+    "saffu.engine.accumulators": ["Accumulator", "Batch", "accumulate", "accumulate_states", "blend_background",
+                                  "document_context", "feature_target", "merge_states", "offset_cooccurrence",
+                                  "unigram_counts"],
+    "saffu.engine.distributed": ["local_mesh"],
+    "saffu.engine.explicit": ["calibrate_temperature", "conditional_probabilities", "explicit_softmax_weights",
+                              "unigram_prior"],
+    "saffu.ngram.counts": ["count_ngrams"],
+    "saffu.ngram.kneser_ney": ["KneserNeyModel", "fit_kneser_ney"],
+    "saffu.ngram.arpa": ["read_arpa", "write_arpa"],
+    "saffu.models.interface": ["parameter_count", "window_loss", "window_nll"],
+    "saffu.models.saffu": ["Saffu", "init_params", "saffu_logits"],
+    "saffu.models.bigram": ["bigram_nll", "random_bigram"],
+    "saffu.models.transformer": ["Transformer"],
+    "saffu.solve.saffu": ["solve_explicit"],
+    "saffu.solve.bigram": ["fit_explicit_bigram"],
+    "saffu.training.trainer": ["train"],
+    "saffu.training.checkpoints": ["load_explicit", "load_params", "save_explicit"],
+    "saffu.eval.metrics": ["language_model_metrics", "pair_counts", "split_metrics"],
+    "saffu.eval.scoring": ["evaluate_split", "generate"],
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 

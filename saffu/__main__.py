@@ -2,4 +2,5 @@ import sys
 
 from saffu.cli import main
 
+
 sys.exit(main())

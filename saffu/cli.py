@@ -21,6 +21,7 @@ from pathlib import Path
 from saffu import configs
 from saffu._io import SaffuError, SaffuWarning, write_metrics
 
+
 DEFAULT_CORPUS = Path(__file__).resolve().parent.parent / "data" / "default_corpus"
 SHARED_CORPUS = Path("../shared/data/babylm/2023")
 #: Tokens of each split a final evaluation scores unless ``--eval-tokens`` says otherwise
@@ -80,7 +81,7 @@ def _check_writable(path: Path | None, flag: str) -> None:
 
 
 def _corpus_from_args(args):
-    from saffu.corpus import babylm_corpus, text_files_corpus
+    from saffu.data.corpus import babylm_corpus, text_files_corpus
     if args.train_files:
         splits = {args.train_split: args.train_files}
         if args.dev_files:
@@ -94,7 +95,7 @@ def _corpus_from_args(args):
 
 
 def cmd_prepare(args) -> dict:
-    from saffu.workdir import prepare
+    from saffu.data.workdir import prepare
     if args.train_split is None:  # text files form a split named "train"; the BabyLM layout's is train_10M
         args.train_split = "train" if args.train_files else configs.PrepareConfig.train_split
     corpus = _corpus_from_args(args)
@@ -130,14 +131,14 @@ def _eval_splits(workdir) -> list[str]:
 
 
 def cmd_stats(args) -> dict:
-    from saffu.bigram import (bigram_nll, fit_explicit_bigram, save_offset_statistics, unigram_log_prior,
-                              unigram_nll)
-    from saffu.evaluation import pair_counts, split_metrics
-    from saffu.workdir import open_workdir
+    from saffu.data.workdir import open_workdir
+    from saffu.eval.metrics import pair_counts, split_metrics
+    from saffu.models.bigram import bigram_nll
+    from saffu.solve.bigram import fit_explicit_bigram, save_offset_statistics, unigram_log_prior, unigram_nll
 
     writer = True
     if args.num_processes > 1:
-        from saffu import distributed
+        from saffu.engine import distributed
         if not args.coordinator:
             raise SaffuError("--num-processes > 1 needs --coordinator HOST:PORT (process 0's address)")
         distributed.initialize(args.coordinator, args.num_processes, args.process_id)
@@ -168,7 +169,7 @@ def cmd_stats(args) -> dict:
 
 
 def cmd_download(args) -> dict:
-    from saffu.download import download_babylm
+    from saffu.data.download import download_babylm
     start = time.perf_counter()
     dest = download_babylm(args.dest, args.url, args.sha256, progress=not args.quiet)
     metrics = {"dest": str(dest), "seconds": time.perf_counter() - start,
@@ -181,14 +182,16 @@ def cmd_demo(args) -> dict:
     """Embedded corpus -> tokenizer -> explicit SAFFU -> short Adam warm start -> evaluation,
     with the explicit bigram for reference. Every run starts afresh (a rerun replaces the
     previous demo run)."""
-    from saffu.bigram import bigram_nll, fit_explicit_bigram
-    from saffu.corpus import babylm_corpus
-    from saffu.evaluation import pair_counts, split_metrics
-    from saffu.model import parameter_count
-    from saffu.workdir import prepare
-    from saffu.runs import evaluate_split, save_explicit, save_run_config
-    from saffu.solver import solve_explicit
-    from saffu.training import train
+    from saffu.data.corpus import babylm_corpus
+    from saffu.data.workdir import prepare
+    from saffu.eval.metrics import pair_counts, split_metrics
+    from saffu.eval.scoring import evaluate_split
+    from saffu.models.bigram import bigram_nll
+    from saffu.models.interface import parameter_count
+    from saffu.solve.bigram import fit_explicit_bigram
+    from saffu.solve.saffu import solve_explicit
+    from saffu.training.checkpoints import save_explicit, save_run_config
+    from saffu.training.trainer import train
 
     start = time.perf_counter()
     corpus = babylm_corpus(args.corpus, name="saffu-default" if args.corpus == DEFAULT_CORPUS else None)
@@ -241,7 +244,7 @@ def _model_config(args, vocab_size: int):
 def _score_splits(params, config, workdir, args, splits=None) -> dict:
     """Figures of every non-training split (or ``splits``), bounded by ``--eval-tokens``
     (whole documents); each split is announced with its size before it is scored."""
-    from saffu.runs import evaluate_split
+    from saffu.eval.scoring import evaluate_split
     limit = None if args.eval_tokens == 0 else args.eval_tokens
     metrics = {}
     for split in splits or _eval_splits(workdir):
@@ -257,10 +260,10 @@ def _score_splits(params, config, workdir, args, splits=None) -> dict:
 
 def cmd_fit(args) -> dict:
     """Explicit solution of a SAFFU model -> run directory (config + explicit checkpoint)."""
-    from saffu.model import parameter_count
-    from saffu.workdir import open_workdir
-    from saffu.runs import save_explicit, save_run_config
-    from saffu.solver import solve_explicit
+    from saffu.data.workdir import open_workdir
+    from saffu.models.interface import parameter_count
+    from saffu.solve.saffu import solve_explicit
+    from saffu.training.checkpoints import save_explicit, save_run_config
 
     workdir = open_workdir(args.workdir)
     if args.background:
@@ -281,10 +284,11 @@ def cmd_fit(args) -> dict:
 def cmd_train(args) -> dict:
     """Backprop from the explicit solution (warm) or from random init (cold)."""
     import jax
-    from saffu.model import parameter_count
-    from saffu.workdir import open_workdir
-    from saffu.runs import load_explicit, load_run_config, save_run_config
-    from saffu.training import data_parallel_mesh, latest_checkpoint_step, run_steps, train
+
+    from saffu.data.workdir import open_workdir
+    from saffu.models.interface import parameter_count
+    from saffu.training.checkpoints import latest_checkpoint_step, load_explicit, load_run_config, save_run_config
+    from saffu.training.trainer import data_parallel_mesh, run_steps, train
 
     workdir = open_workdir(args.workdir)
     run = Path(args.run)
@@ -337,8 +341,8 @@ def cmd_train(args) -> dict:
 
 def _load_run(args):
     """``(workdir, model config, params, which weights)`` of ``--workdir`` / ``--run`` / ``--checkpoint``."""
-    from saffu.workdir import open_workdir
-    from saffu.runs import load_params, load_run_config
+    from saffu.data.workdir import open_workdir
+    from saffu.training.checkpoints import load_params, load_run_config
     workdir = open_workdir(args.workdir)
     config = _check_vocabulary(load_run_config(args.run), workdir, args.run)
     params, which = load_params(args.run, config, args.checkpoint)
@@ -362,7 +366,7 @@ def cmd_eval(args) -> dict:
 
 def cmd_blimp(args) -> dict:
     """BLiMP accuracy of a run: overall, per field, per paradigm."""
-    from saffu.blimp import evaluate_blimp
+    from saffu.eval.blimp import evaluate_blimp
     workdir, config, params, which = _load_run(args)
     metrics = {"weights": which, **evaluate_blimp(params, config, workdir.tokenizer(), args.blimp,
                                                    progress=not args.quiet)}
@@ -373,8 +377,10 @@ def cmd_blimp(args) -> dict:
 def cmd_ngram(args) -> dict:
     """Interpolated modified Kneser-Ney from the engine's n-gram counts: dev figures, ARPA file,
     BLiMP."""
-    from saffu import accounting, kneser_ney
-    from saffu.workdir import open_workdir
+    from saffu.data.workdir import open_workdir
+    from saffu.engine import accounting
+    from saffu.eval import ngram
+    from saffu.ngram import arpa, kneser_ney
     if not 1 <= args.order <= 9:
         raise SaffuError(f"--order must be between 1 and 9, got {args.order}")
     workdir = open_workdir(args.workdir)
@@ -385,13 +391,13 @@ def cmd_ngram(args) -> dict:
     fit_seconds = time.perf_counter() - start
     metrics = {"order": args.order, "fit_seconds": fit_seconds, "tokens_per_s": (len(train_stream) - 1) / fit_seconds,
                **kneser_ney.model_size(model),
-               **kneser_ney.score_splits(model, workdir, _eval_splits(workdir), progress=not args.quiet)}
+               **ngram.score_splits(model, workdir, _eval_splits(workdir), progress=not args.quiet)}
     if args.arpa:
         tick = time.perf_counter()
-        kneser_ney.write_arpa(model, args.arpa)
+        arpa.write_arpa(model, args.arpa)
         metrics.update(arpa=str(args.arpa), arpa_seconds=time.perf_counter() - tick)
     if args.blimp:
-        metrics.update(kneser_ney.evaluate_blimp(model, workdir.tokenizer(), args.blimp))
+        metrics.update(ngram.evaluate_blimp(model, workdir.tokenizer(), args.blimp))
     metrics.update(accounting.memory_record())
     _print_metrics(f"Kneser-Ney {args.order}-gram on {workdir.meta['corpus']}", metrics)
     return metrics
@@ -400,7 +406,8 @@ def cmd_ngram(args) -> dict:
 def cmd_generate(args) -> dict:
     """Sample documents from a run."""
     import jax
-    from saffu.runs import generate
+
+    from saffu.eval.scoring import generate
     workdir, config, params, which = _load_run(args)
     texts = generate(params, config, workdir.tokenizer(), jax.random.key(args.seed), args.num_samples,
                      args.max_tokens, args.temperature, args.top_k)

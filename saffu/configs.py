@@ -1,7 +1,7 @@
 """Every configuration of the pipeline in one light module, so their defaults are the only
 defaults (the CLI reads them) and reading them never imports jax.
 
-The stages that use them re-export them (``saffu.solver.SolverConfig`` is
+The stages that use them re-export them (``saffu.solve.saffu.SolverConfig`` is
 ``saffu.configs.SolverConfig``); the model configs import their model code only when a
 method needs it.
 """
@@ -14,8 +14,10 @@ from typing import Any
 
 from saffu._io import SaffuError
 
+
 #: ``<pad>`` and ``<eod>``: the ids before every regular token.
 NUM_SPECIAL = 2
+COMPUTE_DTYPES = ("float32", "bfloat16")
 SMOOTHING_KINDS = ("dirichlet", "additive", "noise")
 VALUE_FORMS = ("linear", "log")
 Params = dict[str, Any]
@@ -102,7 +104,11 @@ class Smoothing:
 
 @dataclasses.dataclass(frozen=True)
 class BigramConfig:
-    """Explicit bigram options.
+    """The cipher bigram layer (:mod:`saffu.models.bigram`) and its explicit solution.
+
+    Like :class:`SaffuConfig` and :class:`TransformerConfig` it is the model's interface to
+    the trainer and the evaluators: ``context``, ``logits``, ``forward_flops`` and
+    ``fixed_params`` (parameters that are inputs, never trained: the codes).
 
     Attributes:
       cipher: code bits and background blend.
@@ -110,40 +116,27 @@ class BigramConfig:
       holdout_tokens: the last tokens of the training stream, left out of the counts and
         used only to calibrate ``β`` (0 disables calibration, ``β = 1``).
       chunk_size: targets per device per accumulator step.
+      vocab_size: ``V`` (only for FLOP counts; the explicit solution takes the work
+        directory's).
     """
 
     cipher: CipherConfig = CipherConfig()
     smoothing: Smoothing = Smoothing()
     holdout_tokens: int = 100_000
     chunk_size: int = 1 << 15
+    vocab_size: int = 0
 
+    context = 1
+    fixed_params = ("codes",)
 
-@dataclasses.dataclass(frozen=True)
-class BigramTrainConfig:
-    """Adam training of the bigram layer.
+    def logits(self, params, tokens):
+        """:func:`saffu.models.bigram.bigram_logits`: ``int32[B, S]`` -> ``float32[B, S, V]``."""
+        from saffu.models.bigram import bigram_logits
+        return bigram_logits(params, tokens)
 
-    Attributes:
-      steps: optimizer steps (``0`` = one epoch over the training split).
-      batch_size: (head, target) pairs per step, drawn without replacement in a seeded
-        shuffled order.
-      learning_rate: peak of a linear warm-up + cosine decay schedule.
-      warmup_steps: linear warm-up length.
-      clip_norm: global gradient-norm clip.
-      eval_every: dev evaluation period in steps (also at the end).
-      seed: PRNG seed (init and data order use separate streams).
-      init_scale: standard deviation of the random init.
-      adam_eps: Adam's epsilon (larger values damp the steps of rarely-updated weights).
-    """
-
-    steps: int = 0
-    batch_size: int = 4096
-    learning_rate: float = 0.02
-    warmup_steps: int = 20
-    clip_norm: float = 1.0
-    eval_every: int = 100
-    seed: int = 0
-    init_scale: float = 0.02
-    adam_eps: float = 1e-8
+    def forward_flops(self, seq_len: int = 0) -> float:
+        """Forward FLOPs per predicted token: the ``K × V`` output layer (2 per multiply-add)."""
+        return 2.0 * self.cipher.dim * self.vocab_size
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,6 +183,10 @@ class TrainConfig:
       on_nonfinite: a step whose loss or gradients are not finite is never applied;
         ``"stop"`` then raises (nothing non-finite reaches a checkpoint), ``"skip"`` keeps the
         previous parameters and optimizer state and goes on (skips are counted).
+      log_every: steps between host reads of the training loss (the device runs ahead in
+        between: no per-step synchronisation); a non-finite step is reported at the next read.
+      compute_dtype: ``"float32"``, or ``"bfloat16"`` for the forward and backward passes
+        (the parameters, the optimizer state and the loss stay float32).
     """
 
     steps: int = 0
@@ -207,15 +204,21 @@ class TrainConfig:
     freeze: tuple[str, ...] = ()
     thaw_step: int = 0
     on_nonfinite: str = "stop"
+    log_every: int = 20
+    compute_dtype: str = "float32"
 
     def __post_init__(self):
         if self.on_nonfinite not in ("stop", "skip"):
             raise SaffuError(f"on_nonfinite must be 'stop' or 'skip', got {self.on_nonfinite!r}")
+        if self.compute_dtype not in COMPUTE_DTYPES:
+            raise SaffuError(f"compute_dtype must be one of {', '.join(COMPUTE_DTYPES)}, got {self.compute_dtype!r}")
+        if self.log_every < 1:
+            raise SaffuError(f"log_every must be at least 1, got {self.log_every}")
 
 
 @dataclasses.dataclass(frozen=True)
 class SaffuConfig:
-    """Architecture of a SAFFU stack (the model is :mod:`saffu.model`).
+    """Architecture of a SAFFU stack (the model is :mod:`saffu.models.saffu`).
 
     Attributes:
       vocab_size: ``V``.
@@ -273,13 +276,13 @@ class SaffuConfig:
         return 256
 
     def init(self, key) -> Params:
-        """Random init (cold start), see :func:`saffu.model.init_params`."""
-        from saffu.model import init_params
+        """Random init (cold start), see :func:`saffu.models.saffu.init_params`."""
+        from saffu.models.saffu import init_params
         return init_params(self, key)
 
     def logits(self, params: Params, tokens):
-        """:func:`saffu.model.saffu_logits`: ``int32[B, S]`` -> ``float32[B, S, V]``."""
-        from saffu.model import saffu_logits
+        """:func:`saffu.models.saffu.saffu_logits`: ``int32[B, S]`` -> ``float32[B, S, V]``."""
+        from saffu.models.saffu import saffu_logits
         return saffu_logits(params, self, tokens)
 
     def forward_flops(self, seq_len: int = 0) -> float:
@@ -296,7 +299,7 @@ class SaffuConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
-    """Architecture of the baseline (the model is :mod:`saffu.transformer`).
+    """Architecture of the baseline (the model is :mod:`saffu.models.transformer`).
 
     Attributes:
       vocab_size: ``V``.
@@ -336,11 +339,11 @@ class TransformerConfig:
 
     def init(self, key) -> Params:
         """Random init as a pure params dict (flax's default initialisers)."""
-        from saffu.transformer import transformer_init
+        from saffu.models.transformer import transformer_init
         return transformer_init(self, key)
 
     def logits(self, params: Params, tokens):
-        from saffu.transformer import transformer_logits
+        from saffu.models.transformer import transformer_logits
         return transformer_logits(params, self, tokens)
 
     def forward_flops(self, seq_len: int) -> float:

@@ -3,11 +3,13 @@ promotion errors, and small corpora built on the fly."""
 
 import os
 
+import jax  # noqa: E402  (must follow the XLA flag)
+import pytest  # noqa: E402
+
+
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            " --xla_force_host_platform_device_count=4").strip()
 
-import jax  # noqa: E402  (must follow the XLA flag)
-import pytest  # noqa: E402
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 

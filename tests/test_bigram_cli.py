@@ -5,17 +5,17 @@ import sys
 import numpy as np
 import pytest
 
-from saffu import (BigramConfig, BigramTrainConfig, bigram_nll, fit_explicit_bigram, pair_counts,
-                   random_bigram, train_bigram, CipherConfig)
+from saffu import (BigramConfig, CipherConfig, TrainConfig, bigram_nll, fit_explicit_bigram, pair_counts,
+                   random_bigram, train)
 from saffu.cli import main
-from saffu.explicit import unigram_prior
+from saffu.engine.explicit import unigram_prior
 
 
 def test_bigram_nll_matches_float64_reference(tiny_workdir):
     model, report = fit_explicit_bigram(tiny_workdir, BigramConfig(cipher=CipherConfig(bits=16)),
                                         progress=False)
     dev = np.asarray(tiny_workdir.tokens("dev"), np.int64)
-    logits = np.asarray(model.codes, np.float64)[dev[:-1]] @ np.asarray(model.weights, np.float64)
+    logits = np.asarray(model["codes"], np.float64)[dev[:-1]] @ np.asarray(model["weights"], np.float64)
     logits -= logits.max(axis=1, keepdims=True)
     log_probs = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
     reference = -log_probs[np.arange(len(dev) - 1), dev[1:]].sum()
@@ -24,7 +24,7 @@ def test_bigram_nll_matches_float64_reference(tiny_workdir):
     assert 0.05 <= report["beta"] <= 4.0
 
 
-def test_explicit_bigram_beats_unigram_and_adam_improves_random_init(tiny_workdir):
+def test_explicit_bigram_beats_unigram_and_adam_improves_random_init(tiny_workdir, tmp_path):
     vocab_size = tiny_workdir.vocab_size
     dev = pair_counts(tiny_workdir.tokens("dev"), vocab_size=vocab_size)
     tokens = dev[2].sum()
@@ -33,12 +33,18 @@ def test_explicit_bigram_beats_unigram_and_adam_improves_random_init(tiny_workdi
     explicit = bigram_nll(model, dev) / tokens
     assert explicit < unigram - 0.5
     import jax
-    cold = random_bigram(vocab_size, CipherConfig(bits=16), jax.random.key(0), 0.02)
-    trained, history = train_bigram(cold, tiny_workdir.tokens("train_10M"),
-                                    BigramTrainConfig(steps=30, batch_size=64, learning_rate=0.05, eval_every=10),
-                                    evaluate=lambda m: bigram_nll(m, dev) / tokens, progress=False)
+    layer = BigramConfig(cipher=CipherConfig(bits=16), vocab_size=vocab_size)
+    cold = random_bigram(layer, vocab_size, jax.random.key(0))
+    trained, history = train(layer, cold, tiny_workdir.tokens("train_10M"),
+                             TrainConfig(steps=30, batch_size=4, seq_len=16, learning_rate=0.05, eval_every=10,
+                                         warmup_steps=5),
+                             tmp_path / "run", dev_stream=tiny_workdir.tokens("dev"), progress=False)
     assert [h["step"] for h in history] == [0, 10, 20, 30]
+    assert bigram_nll(trained, dev) / tokens < bigram_nll(cold, dev) / tokens - 0.5
     assert history[-1]["dev_loss"] < history[0]["dev_loss"] - 0.5
+    # the codes are inputs, never trained; only the weights move
+    np.testing.assert_array_equal(np.asarray(trained["codes"]), np.asarray(cold["codes"]))
+    assert not np.allclose(np.asarray(trained["weights"]), np.asarray(cold["weights"]))
 
 
 def test_cli_prepare_and_stats_write_metrics(tmp_path, tiny_corpus_dir, capsys):

@@ -5,13 +5,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import saffu.blimp
+import saffu.eval.blimp
 from saffu import SaffuError
-from saffu.blimp import Pair, blimp_accuracy, document_local, load_blimp, sentence_log_probs
 from saffu.cli import main
-from saffu.model import SaffuConfig, init_params
-from saffu.tokenizer import EOD_ID, PAD_ID
-from saffu.transformer import TransformerConfig
+from saffu.data.tokenizer import EOD_ID, PAD_ID
+from saffu.eval.blimp import Pair, blimp_accuracy, document_local, load_blimp, sentence_log_probs
+from saffu.models.saffu import SaffuConfig, init_params
+from saffu.models.transformer import TransformerConfig
+
 
 SENTENCES = ["the cat sat on the mat .", "a dog", "where is the cat ?", "", "the dog sat on the log . " * 3,
              "a dog", "cats", "the cat sat on the mat ."]
@@ -52,7 +53,7 @@ def test_sentence_scores_match_a_direct_forward(tiny_workdir, model, pack, monke
     params = init_params(config, jax.random.key(0), scale=0.5) if config.kind == "saffu" \
         else config.init(jax.random.key(0))
     tokenizer = tiny_workdir.tokenizer()
-    monkeypatch.setattr(saffu.blimp, "PACKED_ROW", 16)         # several rows, one longer sentence
+    monkeypatch.setattr(saffu.eval.blimp, "PACKED_ROW", 16)         # several rows, one longer sentence
     got = sentence_log_probs(params, config, tokenizer, SENTENCES, batch_size=2, progress=False, pack=pack)
     np.testing.assert_allclose(got, _direct_scores(params, config, tokenizer, SENTENCES), rtol=1e-5)
     assert got[3] == 0.0                                       # the empty sentence
@@ -97,7 +98,7 @@ def test_trained_model_prefers_the_grammatical_word_order(tiny_workdir, tmp_path
 
 
 def test_field_spellings_are_one_field(tmp_path):
-    from saffu.blimp import field_name, load_blimp
+    from saffu.eval.blimp import field_name, load_blimp
     assert field_name("syntax/semantics") == field_name("syntax_semantics") == field_name("syntax-semantics ")
     for name, field in (("a", "syntax/semantics"), ("b", "syntax_semantics")):
         (tmp_path / f"{name}.jsonl").write_text(json.dumps({"sentence_good": "x", "sentence_bad": "y",

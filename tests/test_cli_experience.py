@@ -24,7 +24,7 @@ def test_import_and_help_load_no_jax():
                      "print(sorted(m for m in ('jax', 'flax', 'optax', 'orbax', 'numpy') if m in sys.modules))")
     assert loaded == "[]"
     # a name from the package still loads its module on first use
-    assert _python("import saffu; print(saffu.open_workdir.__module__)") == "saffu.workdir"
+    assert _python("import saffu; print(saffu.open_workdir.__module__)") == "saffu.data.workdir"
 
 
 def test_cli_defaults_are_the_configs_defaults():
@@ -141,11 +141,11 @@ def test_training_says_it_resumes_and_how_to_resume(tmp_path, tiny_workdir, caps
 
 
 def test_an_interrupted_training_says_rerun_resumes(tmp_path, tiny_workdir, capsys, monkeypatch):
-    import saffu.training
+    import saffu.training.trainer
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
-    monkeypatch.setattr(saffu.training, "train", interrupted)
+    monkeypatch.setattr(saffu.training.trainer, "train", interrupted)
     assert main(["train", "--workdir", str(tiny_workdir.path), "--run", str(tmp_path / "run"), "--init", "random",
                  "--bits", "16", "--radius", "4", "--quiet"]) == 130
     err = capsys.readouterr().err.strip()
@@ -170,4 +170,4 @@ def test_a_clone_folder_named_saffu_does_not_shadow_the_package(tmp_path):
     script = tmp_path / "script.py"
     script.write_text("import saffu\nprint(saffu.babylm_corpus.__module__)\n")
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path)
-    assert done.returncode == 0 and done.stdout.strip() == "saffu.corpus", done.stderr[-300:]
+    assert done.returncode == 0 and done.stdout.strip() == "saffu.data.corpus", done.stderr[-300:]

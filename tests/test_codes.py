@@ -1,9 +1,10 @@
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from saffu import CipherConfig, SaffuError, bit_cipher_codes, min_bits, sparse_bit_cipher
-from saffu.tokenizer import EOD_ID, PAD_ID
+from saffu.data.tokenizer import EOD_ID, PAD_ID
 
 
 @settings(max_examples=40, deadline=None)

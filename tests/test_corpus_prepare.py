@@ -3,14 +3,15 @@ import zipfile
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from saffu import (PrepareConfig, SaffuError, babylm_corpus, download_babylm, iter_documents,
-                   open_workdir, prepare, text_files_corpus)
+from saffu import (PrepareConfig, SaffuError, babylm_corpus, download_babylm, iter_documents, open_workdir, prepare,
+                   text_files_corpus)
 from saffu._io import SaffuWarning
 from saffu.cli import main
-from saffu.corpus import ReadStats
-from saffu.tokenizer import EOD_ID, decode
+from saffu.data.corpus import ReadStats
+from saffu.data.tokenizer import EOD_ID, decode
 
 
 def one_line_error(capsys, argv) -> str:

@@ -8,8 +8,8 @@ import sys
 
 import numpy as np
 
-from saffu.distributed import document_shard
-from saffu.tokenizer import EOD_ID
+from saffu.data.tokenizer import EOD_ID
+from saffu.engine.distributed import document_shard
 
 
 def free_port() -> int:
@@ -55,8 +55,9 @@ def test_two_processes_give_bit_identical_statistics(tiny_workdir, tmp_path):
 
 def test_data_parallel_training_follows_the_unsharded_trajectory(tiny_workdir, tmp_path):
     import jax
-    from saffu.model import SaffuConfig, init_params
-    from saffu.training import TrainConfig, data_parallel_mesh, train
+
+    from saffu.models.saffu import SaffuConfig, init_params
+    from saffu.training.trainer import TrainConfig, data_parallel_mesh, train
     config = SaffuConfig(vocab_size=tiny_workdir.vocab_size, bits=16, radius=4)
     settings = TrainConfig(steps=6, batch_size=4, seq_len=16, eval_every=2, seed=2)
     runs = {}

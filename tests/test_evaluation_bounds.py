@@ -3,16 +3,16 @@
 import jax
 import numpy as np
 import pytest
+from conftest import TINY_DEV
 
 from saffu import SaffuError
-from saffu.batches import total_nll
-from saffu.evaluation import split_metrics
-from saffu.model import SaffuConfig, init_params, window_loss
-from saffu.runs import evaluate_split
-from saffu.tokenizer import EOD_ID
-from saffu.transformer import TransformerConfig
-
-from conftest import TINY_DEV
+from saffu.data.tokenizer import EOD_ID
+from saffu.data.windows import total_nll
+from saffu.eval.metrics import split_metrics
+from saffu.eval.scoring import evaluate_split
+from saffu.models.interface import window_loss
+from saffu.models.saffu import SaffuConfig, init_params
+from saffu.models.transformer import TransformerConfig
 
 
 def _config(workdir):

@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from saffu import (SaffuError, Smoothing, calibrate_temperature, conditional_probabilities,
-                   explicit_softmax_weights)
+from saffu import SaffuError, Smoothing, calibrate_temperature, conditional_probabilities, explicit_softmax_weights
 
 
 def _softmax(z):

@@ -8,8 +8,11 @@ import numpy as np
 import pytest
 
 from saffu import SaffuError
-from saffu import kneser_ney as kn
-from saffu.tokenizer import EOD_ID, PAD_ID
+from saffu.data.tokenizer import EOD_ID, PAD_ID
+from saffu.eval import ngram as kn_eval
+from saffu.ngram import arpa
+from saffu.ngram import counts as ngram_counts
+from saffu.ngram import kneser_ney as kn
 
 
 def stream_of(documents) -> np.ndarray:
@@ -101,9 +104,9 @@ def test_counts_are_exact_and_independent_of_chunking(seed, order, monkeypatch):
     documents = zipf_documents(seed, 60, vocab_size=9, longest=12) + [[]]
     stream = stream_of(documents)
     expected = reference_counts(stream, order)
-    monkeypatch.setattr(kn, "_MERGE_ROWS", 40)                     # force merges across chunks
+    monkeypatch.setattr(ngram_counts, "_MERGE_ROWS", 40)                     # force merges across chunks
     for chunk_size in (37, 1 << 12):
-        tables = kn.count_ngrams(stream, order, vocab_size=9, chunk_size=chunk_size)
+        tables = ngram_counts.count_ngrams(stream, order, vocab_size=9, chunk_size=chunk_size)
         assert len(tables) == order
         for k, table in enumerate(tables, 1):
             got = {tuple(int(x) for x in row): int(c) for row, c in zip(table.tokens, table.counts)}
@@ -114,7 +117,7 @@ def test_counts_are_exact_and_independent_of_chunking(seed, order, monkeypatch):
 def test_counts_of_a_target_range_read_context_before_it():
     stream = stream_of(zipf_documents(3, 20, vocab_size=7))
     begin, end = 17, len(stream) - 9
-    tables = kn.count_ngrams(stream, 4, vocab_size=7, begin=begin, end=end, chunk_size=16)
+    tables = ngram_counts.count_ngrams(stream, 4, vocab_size=7, begin=begin, end=end, chunk_size=16)
     expected = reference_counts(stream, 4, begin, end)
     for k, table in enumerate(tables, 1):
         assert {tuple(map(int, r)): int(c) for r, c in zip(table.tokens, table.counts)} == dict(expected[k - 1])
@@ -122,11 +125,11 @@ def test_counts_of_a_target_range_read_context_before_it():
 
 def test_bad_streams_are_user_errors():
     with pytest.raises(SaffuError, match="start with <eod>"):
-        kn.count_ngrams(np.asarray([2, 3, EOD_ID], np.uint16), 2)
+        ngram_counts.count_ngrams(np.asarray([2, 3, EOD_ID], np.uint16), 2)
     with pytest.raises(SaffuError, match="<pad>"):
-        kn.count_ngrams(np.asarray([EOD_ID, 2, PAD_ID, 3, EOD_ID], np.uint16), 2)
+        ngram_counts.count_ngrams(np.asarray([EOD_ID, 2, PAD_ID, 3, EOD_ID], np.uint16), 2)
     with pytest.raises(SaffuError, match="vocabulary"):
-        kn.count_ngrams(np.asarray([EOD_ID, 2, 9, EOD_ID], np.uint16), 2, vocab_size=5)
+        ngram_counts.count_ngrams(np.asarray([EOD_ID, 2, 9, EOD_ID], np.uint16), 2, vocab_size=5)
 
 
 # --------------------------------------------------------------------------- estimator
@@ -209,11 +212,11 @@ def test_arpa_round_trip(tmp_path):
     documents = zipf_documents(7, 150, vocab_size)
     model = kn.fit_kneser_ney(stream_of(documents[:120]), 4, vocab_size=vocab_size)
     path = tmp_path / "model.arpa"
-    kn.write_arpa(model, path)
+    arpa.write_arpa(model, path)
     text = path.read_text()
     assert text.lstrip().startswith("\\data\\") and text.rstrip().endswith("\\end\\")
     assert f"ngram 1={vocab_size + 1}" in text and "-99\t<s>\t" in text and "\t<unk>" in text
-    back = kn.read_arpa(path)
+    back = arpa.read_arpa(path)
     assert back.order == 4 and back.vocab_size == vocab_size
     for k in range(4):
         np.testing.assert_array_equal(back.keys[k], model.keys[k])
@@ -222,25 +225,25 @@ def test_arpa_round_trip(tmp_path):
     held_out = stream_of(documents[120:])
     np.testing.assert_allclose(kn.log_probs(back, held_out), kn.log_probs(model, held_out), atol=1e-6)
     names = ["<pad>", "<eod>"] + [f"w_{i}" for i in range(2, vocab_size)]
-    kn.write_arpa(model, tmp_path / "named.arpa", names)
-    again = kn.read_arpa(tmp_path / "named.arpa", names)
+    arpa.write_arpa(model, tmp_path / "named.arpa", names)
+    again = arpa.read_arpa(tmp_path / "named.arpa", names)
     np.testing.assert_allclose(kn.log_probs(again, held_out), kn.log_probs(model, held_out), atol=1e-6)
 
 
 def test_arpa_errors(tmp_path):
     model = kn.fit_kneser_ney(stream_of([[2, 3], [3, 2]]), 2, vocab_size=4)
     with pytest.raises(SaffuError, match="whitespace"):
-        kn.write_arpa(model, tmp_path / "x.arpa", ["<pad>", "<eod>", "a b", "c"])
+        arpa.write_arpa(model, tmp_path / "x.arpa", ["<pad>", "<eod>", "a b", "c"])
     broken = tmp_path / "broken.arpa"
     lines = ["\\data\\", "ngram 1=3", "ngram 2=1", "ngram 3=1", "", "\\1-grams:", "-1\t</s>\t0",
              "-1\tt2\t0", "-1\tt3\t0", "", "\\2-grams:", "-0.5\tt2 t3\t0", "", "\\3-grams:", "-0.2\tt3 t3 t2",
              "", "\\end\\"]
     broken.write_text("\n".join(lines) + "\n")
     with pytest.raises(SaffuError, match="suffix of the 3-gram 't3 t3 t2' is missing"):
-        kn.read_arpa(broken)
+        arpa.read_arpa(broken)
     broken.write_text("\n".join(lines[:-3] + ["-0.2\tt2 t3 t7", "", "\\end\\"]) + "\n")
     with pytest.raises(SaffuError, match="'t7'"):
-        kn.read_arpa(broken)
+        arpa.read_arpa(broken)
 
 
 def test_kenlm_reads_our_arpa_files_identically(tmp_path):
@@ -251,7 +254,7 @@ def test_kenlm_reads_our_arpa_files_identically(tmp_path):
     for order in (3, 5):
         model = kn.fit_kneser_ney(stream_of(documents[:300]), order, vocab_size=vocab_size)
         path = tmp_path / f"order{order}.arpa"
-        kn.write_arpa(model, path)
+        arpa.write_arpa(model, path)
         lm = kenlm.Model(str(path))
         assert lm.order == order
         ours = kn.log_probs(model, stream_of(held_out)) / math.log(10)
@@ -263,8 +266,8 @@ def test_kenlm_reads_our_arpa_files_identically(tmp_path):
 # --------------------------------------------------------------------------- work directories
 
 def test_evaluate_workdir(tiny_workdir):
-    unigram = kn.evaluate_workdir(tiny_workdir, 1)
-    trigram = kn.evaluate_workdir(tiny_workdir, 3)
+    unigram = kn_eval.evaluate_workdir(tiny_workdir, 1)
+    trigram = kn_eval.evaluate_workdir(tiny_workdir, 3)
     assert {"dev_loss", "dev_ppl", "dev_bpb", "fit_seconds", "score_seconds", "ngrams_3"} <= set(trigram)
     assert trigram["dev_loss"] < unigram["dev_loss"]
     model = kn.fit_kneser_ney(tiny_workdir.tokens("train_10M"), 3, vocab_size=tiny_workdir.vocab_size)
@@ -275,6 +278,7 @@ def test_evaluate_workdir(tiny_workdir):
 
 def test_cli_ngram_scores_writes_arpa_and_blimp(tiny_workdir, tmp_path):
     import json
+
     from saffu.cli import main
     blimp = tmp_path / "blimp"
     blimp.mkdir()
@@ -284,8 +288,8 @@ def test_cli_ngram_scores_writes_arpa_and_blimp(tiny_workdir, tmp_path):
     assert main(["ngram", "--workdir", str(tiny_workdir.path), "--order", "3", "--arpa", str(tmp_path / "kn.arpa"),
                  "--blimp", str(blimp), "--quiet", "--metrics-json", str(metrics_path)]) == 0
     metrics = json.loads(metrics_path.read_text())
-    reference = kn.evaluate_workdir(tiny_workdir, 3)
+    reference = kn_eval.evaluate_workdir(tiny_workdir, 3)
     assert metrics["dev_loss"] == pytest.approx(reference["dev_loss"], rel=1e-12)
     assert metrics["ngrams_3"] == reference["ngrams_3"] and metrics["blimp_accuracy"] == 1.0
-    assert kn.read_arpa(tmp_path / "kn.arpa").num_ngrams() == kn.fit_kneser_ney(
+    assert arpa.read_arpa(tmp_path / "kn.arpa").num_ngrams() == kn.fit_kneser_ney(
         tiny_workdir.tokens("train_10M"), 3, vocab_size=tiny_workdir.vocab_size).num_ngrams()

@@ -5,8 +5,10 @@ import pytest
 from flax import nnx
 
 from saffu import SaffuError
-from saffu.model import Saffu, SaffuConfig, init_params, saffu_logits, window_loss
-from saffu.tokenizer import EOD_ID, PAD_ID
+from saffu.data.tokenizer import EOD_ID, PAD_ID
+from saffu.models.interface import window_loss
+from saffu.models.saffu import Saffu, SaffuConfig, init_params, saffu_logits
+
 
 CONFIGS = [
     SaffuConfig(vocab_size=40, bits=8, radius=4, heads=2, positions=2),
@@ -24,7 +26,7 @@ def _softmax(z):
 
 def reference_logits(params, config, tokens):
     """Float64 numpy forward of one sequence, position by position (formulation §3)."""
-    from saffu.model import cipher_table
+    from saffu.models.saffu import cipher_table
     codes = np.asarray(cipher_table(config), np.float64)
     P = jax.tree.map(lambda x: np.asarray(x, np.float64), params)
     sequence = codes[tokens]

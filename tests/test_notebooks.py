@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 

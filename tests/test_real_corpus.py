@@ -5,10 +5,10 @@ import json
 import os
 
 import pytest
+from conftest import SHARED_BABYLM
 
 from saffu.cli import main
 
-from conftest import SHARED_BABYLM
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not os.path.isdir(SHARED_BABYLM), reason="shared BabyLM corpus not present")]

@@ -8,14 +8,15 @@ import time
 import jax
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from saffu import accumulate_states, local_mesh, offset_cooccurrence, sparse_bit_cipher, unigram_counts
 from saffu.cli import main
-from saffu.model import SaffuConfig, init_params
-from saffu.runs import load_params
-from saffu.solver import SolverConfig, solve_explicit
-from saffu.training import TrainConfig, train
+from saffu.models.saffu import SaffuConfig, init_params
+from saffu.solve.saffu import SolverConfig, solve_explicit
+from saffu.training.checkpoints import load_params
+from saffu.training.trainer import TrainConfig, train
 
 
 def train_command(workdir, run, steps):

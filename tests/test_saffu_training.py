@@ -7,10 +7,12 @@ import pytest
 from flax import nnx
 
 from saffu.cli import main
-from saffu.model import Saffu, SaffuConfig, init_params, window_loss
-from saffu.runs import evaluate_split, generate, load_explicit, load_params, save_explicit
-from saffu.solver import SolverConfig, solve_explicit
-from saffu.training import TrainConfig, evenly_spaced_windows, train
+from saffu.eval.scoring import evaluate_split, generate
+from saffu.models.interface import window_loss
+from saffu.models.saffu import Saffu, SaffuConfig, init_params
+from saffu.solve.saffu import SolverConfig, solve_explicit
+from saffu.training.checkpoints import load_explicit, load_params, save_explicit
+from saffu.training.trainer import TrainConfig, evenly_spaced_windows, train
 
 
 def tiny_config(workdir, **overrides):

@@ -2,12 +2,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from saffu import (SaffuError, accumulate, accumulate_states, blend_background, code_background,
-                   dense_codes, document_context, feature_target, local_mesh, merge_states,
-                   offset_cooccurrence, sparse_bit_cipher, unigram_counts)
-from saffu.tokenizer import EOD_ID, PAD_ID
+from saffu import (SaffuError, accumulate, accumulate_states, blend_background, code_background, dense_codes,
+                   document_context, feature_target, local_mesh, merge_states, offset_cooccurrence, sparse_bit_cipher,
+                   unigram_counts)
+from saffu.data.tokenizer import EOD_ID, PAD_ID
 
 
 def random_stream(seed: int, length: int, vocab_size: int, eod_rate: float = 0.1) -> np.ndarray:
@@ -154,7 +155,7 @@ def test_states_stay_on_all_devices_and_memory_is_chunk_sized():
     assert small["u"].shape == (30,)                    # state size independent of the stream
     np.testing.assert_array_equal(small["u"], np.bincount(stream[1:], minlength=30))   # exact over 4 devices
     # one step reads one chunk of targets per device (plus its context), whatever the stream's length
-    from saffu.statistics import _windows
+    from saffu.engine.accumulators import _windows
     windows, mask = _windows(stream, 4990, len(stream), num_devices=4, chunk_size=16, radius=3)
     assert windows.shape == (4, 3 + 16) and mask.shape == (4, 16)
     assert mask.sum() == len(stream) - 4990 and not mask[1:].any()        # the tail past the end is masked

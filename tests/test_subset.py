@@ -5,13 +5,13 @@ from collections import Counter
 
 import numpy as np
 import pytest
-
 from conftest import TINY_DEV, TINY_TRAIN
+
 from saffu import PrepareConfig, SaffuError, open_workdir, prepare, text_files_corpus
 from saffu._io import SaffuWarning
-from saffu.corpus import ReadStats, iter_documents
-from saffu.workdir import subset_workdir
-from saffu.tokenizer import EOD_ID
+from saffu.data.corpus import ReadStats, iter_documents
+from saffu.data.tokenizer import EOD_ID
+from saffu.data.workdir import subset_workdir
 
 
 def documents(stream) -> list[list[int]]:

@@ -7,13 +7,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from saffu import SaffuError, accounting
+from saffu import SaffuError
+from saffu.engine import accounting
 from saffu.cli import main
-from saffu.model import SaffuConfig, window_loss
-from saffu.solver import SolverConfig, solve_explicit
-from saffu.tokenizer import EOD_ID
-from saffu.training import TrainConfig, train
-from saffu.transformer import TransformerConfig, parameter_count_of, sized_like
+from saffu.data.tokenizer import EOD_ID
+from saffu.models.interface import window_loss
+from saffu.models.saffu import SaffuConfig
+from saffu.models.transformer import TransformerConfig, parameter_count_of, sized_like
+from saffu.solve.saffu import SolverConfig, solve_explicit
+from saffu.training.trainer import TrainConfig, train
+
 
 SMALL = dict(width=16, layers=2, heads=2, context_tokens=4, max_len=64)
 

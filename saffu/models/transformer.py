@@ -1,8 +1,8 @@
 """The baseline: a standard decoder-only transformer in flax NNX (pre-norm, learned absolute
 positions, GELU MLP, untied output layer), trained by the same trainer on the same windows.
 
-It speaks the same model interface as :class:`saffu.model.SaffuConfig`, so
-:func:`saffu.training.train`, evaluation, sampling and BLiMP scoring take either:
+It speaks the same model interface as :class:`saffu.models.saffu.SaffuConfig`, so
+:func:`saffu.training.trainer.train`, evaluation, sampling and BLiMP scoring take either:
 
 * ``config.context`` — tokens of left context before the targets of a window,
 * ``config.init(key) -> params`` — a nested dict of arrays (random init),
@@ -26,7 +26,8 @@ from flax import nnx
 
 from saffu._io import SaffuError
 from saffu.configs import TransformerConfig
-from saffu.tokenizer import EOD_ID
+from saffu.data.tokenizer import EOD_ID
+
 
 Params = dict[str, Any]
 

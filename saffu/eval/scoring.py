@@ -1,93 +1,24 @@
-"""Run directories, explicit checkpoints, evaluation and sampling for SAFFU models (and the
-transformer baseline, which shares the model interface).
-
-A run directory holds ``config.json`` (the model), ``explicit/`` (the explicit solution, if
-fitted), ``checkpoints/`` and ``metrics.jsonl`` (if trained).
+"""Scoring and sampling any model with the shared interface (SAFFU, the transformer, the
+bigram layer): bits per byte on a split (whole, or a spread sample of whole documents), and
+text generation. Run directories (configs, explicit solutions, checkpoints) are
+:mod:`saffu.training.checkpoints`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import json
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import orbax.checkpoint as ocp
 
-from saffu._io import SaffuError, atomic_write_json
-from saffu.batches import total_nll
-from saffu.evaluation import split_metrics
-from saffu.model import Params, SaffuConfig, window_loss
-from saffu.workdir import WorkDir
-from saffu.tokenizer import EOD_ID, PAD_ID, decode
-from saffu.training import load_latest_params, retype
-
-
-def save_run_config(run_dir: str | Path, config: SaffuConfig, workdir: WorkDir) -> None:
-    """Write ``config.json``: the model and the work directory it belongs to."""
-    atomic_write_json(Path(run_dir) / "config.json", {"model": dataclasses.asdict(config),
-                                                      "workdir": str(workdir.path.resolve()),
-                                                      "corpus": workdir.meta["corpus"]})
-
-
-def model_config(fields: dict):
-    """A model config from its ``dataclasses.asdict`` form: :class:`SaffuConfig` or, with
-    ``kind = "transformer"``, :class:`saffu.transformer.TransformerConfig`."""
-    from saffu.transformer import TransformerConfig
-    kinds = {"saffu": SaffuConfig, "transformer": TransformerConfig}
-    kind = fields.get("kind", "saffu")
-    if kind not in kinds:
-        raise SaffuError(f"unknown model kind {kind!r}; this saffu knows {', '.join(kinds)}")
-    return kinds[kind](**fields)
-
-
-def load_run_config(run_dir: str | Path):
-    """The model config of a run directory (SAFFU or transformer)."""
-    path = Path(run_dir) / "config.json"
-    if not path.is_file():
-        raise SaffuError(f"{run_dir} is not a saffu run (no config.json); create it with `saffu fit` "
-                         f"or `saffu train --init random`")
-    try:
-        return model_config(json.loads(path.read_text())["model"])
-    except (ValueError, KeyError, TypeError) as err:
-        raise SaffuError(f"{path} is unreadable ({err}); remove the run directory and start again") from None
-
-
-def save_explicit(run_dir: str | Path, params: Params) -> None:
-    """Save explicit parameters to ``run_dir/explicit`` (orbax, replacing an older one)."""
-    path = (Path(run_dir) / "explicit").resolve()
-    with ocp.StandardCheckpointer() as checkpointer:
-        checkpointer.save(path, params, force=True)
-
-
-def load_explicit(run_dir: str | Path, config: SaffuConfig) -> Params:
-    path = (Path(run_dir) / "explicit").resolve()
-    if config.kind != "saffu":
-        raise SaffuError(f"{run_dir} holds a {config.kind}, which has no explicit solution; it has no "
-                         f"checkpoint yet: train it with `saffu train --run {run_dir}`")
-    if not path.exists():
-        raise SaffuError(f"{run_dir} has no explicit solution; run `saffu fit --run {run_dir}` first")
-    template = jax.eval_shape(lambda: config.init(jax.random.key(0)))
-    try:
-        with ocp.StandardCheckpointer() as checkpointer:
-            restored = checkpointer.restore(path)
-    except Exception as err:  # orbax raises several types for damaged checkpoints
-        raise SaffuError(f"cannot read {path} ({type(err).__name__}); run `saffu fit` again") from None
-    return retype(restored, template)
-
-
-def load_params(run_dir: str | Path, config: SaffuConfig, which: str = "latest") -> tuple[Params, str]:
-    """``which="latest"``: the last training checkpoint, else the explicit solution;
-    ``which="explicit"``: the explicit solution. Returns the params and what was loaded."""
-    if which == "latest":
-        template = jax.eval_shape(lambda: config.init(jax.random.key(0)))
-        latest = load_latest_params(run_dir, template)
-        if latest is not None:
-            return latest[0], f"checkpoint step {latest[1]}"
-    return load_explicit(run_dir, config), "explicit"
+from saffu._io import SaffuError
+from saffu.data.tokenizer import EOD_ID, PAD_ID, decode
+from saffu.data.windows import total_nll
+from saffu.data.workdir import WorkDir
+from saffu.eval.metrics import split_metrics
+from saffu.models.interface import window_loss
+from saffu.models.saffu import Params, SaffuConfig
 
 
 #: Windows per evaluation call: ``16 × (context + eval_seq_len)`` positions, whose float32
@@ -108,7 +39,7 @@ def evaluate_split(params: Params, config: SaffuConfig, workdir: WorkDir, split:
 
     All of it when ``max_tokens`` is None or 0 (or covers the split); otherwise whole
     documents totalling about ``max_tokens`` targets, drawn from evenly spaced blocks of the
-    split (:meth:`saffu.workdir.WorkDir.sample_documents`, so every source file counts, not
+    split (:meth:`saffu.data.workdir.WorkDir.sample_documents`, so every source file counts, not
     only the first) with their exact bytes and words. Besides ``{prefix}loss``, ``ppl``,
     ``bpb`` and ``word_ppl`` the figures hold ``{prefix}tokens`` (targets scored, ``<eod>``
     included), ``{prefix}documents`` and ``{prefix}whole_split``. ``prefix`` defaults to

@@ -23,7 +23,7 @@ import numpy as np
 
 from saffu._io import SaffuError
 from saffu.configs import NUM_SPECIAL, CipherConfig, min_bits
-from saffu.tokenizer import EOD_ID, PAD_ID
+from saffu.data.tokenizer import EOD_ID, PAD_ID
 
 
 class SparseCodes(NamedTuple):
@@ -98,7 +98,7 @@ def bit_cipher_codes(vocab_size: int, config: CipherConfig = CipherConfig(),
     """Dense bit-cipher codes, ``float64[V, K]`` with ``K = bits + 1``; each row sums to 1.
 
     Args:
-      vocab_size: ``V``, ids laid out as in :mod:`saffu.tokenizer`.
+      vocab_size: ``V``, ids laid out as in :mod:`saffu.data.tokenizer`.
       config: bits and background weight ``λ``.
       token_counts: ``int[V]`` training counts, needed only when ``λ > 0``.
 

@@ -20,6 +20,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from saffu._io import atomic_write_bytes
 
+
 PAD_TOKEN, EOD_TOKEN = "<pad>", "<eod>"
 PAD_ID, EOD_ID = 0, 1
 SPECIAL_TOKENS = (PAD_TOKEN, EOD_TOKEN)

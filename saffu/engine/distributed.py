@@ -12,9 +12,14 @@ from __future__ import annotations
 
 import jax
 import numpy as np
+from jax.sharding import Mesh
 
 from saffu._io import SaffuError
-from saffu.tokenizer import EOD_ID
+from saffu.data.tokenizer import EOD_ID
+
+
+#: The mesh axis the statistics shard their per-device states over.
+DEVICE_AXIS = "devices"
 
 
 def initialize(coordinator: str, num_processes: int, process_id: int) -> None:
@@ -55,3 +60,13 @@ def sum_over_processes(state: np.ndarray) -> np.ndarray:
     for other in gathered[1:]:
         total += other
     return total
+
+
+def local_mesh(num_devices: int | None = None, axis_name: str = DEVICE_AXIS) -> Mesh:
+    """A 1-D mesh named ``axis_name`` over the first ``num_devices`` local devices (all by default)."""
+    devices = jax.local_devices()
+    if num_devices is not None:
+        if not 1 <= num_devices <= len(devices):
+            raise SaffuError(f"asked for {num_devices} devices, {len(devices)} are available")
+        devices = devices[:num_devices]
+    return Mesh(np.asarray(devices), (axis_name,))

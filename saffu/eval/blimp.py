@@ -27,8 +27,9 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from saffu._io import SaffuError
-from saffu.model import Params, SaffuConfig, window_nll
-from saffu.tokenizer import EOD_ID, PAD_ID
+from saffu.data.tokenizer import EOD_ID, PAD_ID
+from saffu.models.interface import window_nll
+from saffu.models.saffu import Params, SaffuConfig
 
 
 class Pair(NamedTuple):

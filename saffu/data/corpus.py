@@ -14,6 +14,7 @@ from typing import Iterator, Sequence
 
 from saffu._io import SaffuError
 
+
 #: BabyLM split name -> (sub-folder, file suffix).
 BABYLM_SPLITS: dict[str, tuple[str, str]] = {
     "train_10M": ("train_10M", ".train"),

@@ -22,6 +22,7 @@ from typing import Any, Iterator
 
 import jax
 
+
 _LEDGER: contextvars.ContextVar["FlopLedger | None"] = contextvars.ContextVar("saffu_flop_ledger", default=None)
 
 

@@ -31,9 +31,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from saffu.codes import bit_cipher_codes
 from saffu.configs import CipherConfig, SaffuConfig
-from saffu.tokenizer import EOD_ID, PAD_ID
+from saffu.data.tokenizer import EOD_ID, PAD_ID
+from saffu.engine.codes import bit_cipher_codes
+
 
 Params = dict[str, Any]
 
@@ -147,26 +148,6 @@ def saffu_logits(params: Params, config: SaffuConfig, tokens: jax.Array) -> jax.
     sequence, visible = block_inputs(params, config, tokens, config.blocks - 1)
     X = block_windows(sequence, visible, cipher_table(config)[PAD_ID])
     return block_logits(params["blocks"][config.blocks - 1], config, X)
-
-
-def window_nll(params: Params, config, windows: jax.Array, mask: jax.Array) -> jax.Array:
-    """Per-target NLL (nats) ``float32[B, T]`` of ``windows int32[B, R + T]`` whose first
-    ``R = config.context`` tokens are context only; zero where ``mask bool[B, T]`` is False.
-    ``config`` is any model config (:class:`SaffuConfig`, the transformer's)."""
-    context = config.context
-    logits = config.logits(params, windows)[:, context - 1:-1]
-    targets = windows[:, context:]
-    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    return -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0] * mask
-
-
-def window_loss(params: Params, config, windows: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Summed NLL (nats) and target count of :func:`window_nll`'s windows."""
-    return jnp.sum(window_nll(params, config, windows, mask)), jnp.sum(mask)
-
-
-def parameter_count(params: Params) -> int:
-    return int(sum(np.prod(x.shape) for x in jax.tree.leaves(params)))
 
 
 class SaffuBlock(nnx.Module):

@@ -27,14 +27,15 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tqdm.auto import tqdm
 
-from saffu import accounting
 from saffu._io import SaffuError
-from saffu.batches import stack_windows
-from saffu.codes import SparseCodes
-from saffu.tokenizer import EOD_ID, PAD_ID
+from saffu.data.tokenizer import EOD_ID, PAD_ID
+from saffu.data.windows import stack_windows
+from saffu.engine import accounting, distributed
+from saffu.engine.codes import SparseCodes
+
 
 State = Any
-_DEVICE_AXIS = "devices"
+_DEVICE_AXIS = distributed.DEVICE_AXIS
 
 
 class Batch(NamedTuple):
@@ -197,7 +198,7 @@ def blend_background(cooccurrence: np.ndarray, background: np.ndarray, weight: f
 
     Args:
       cooccurrence: ``float64[M, K, V]`` from :func:`offset_cooccurrence` (sparse codes).
-      background: ``float64[K]`` from :func:`saffu.codes.code_background`.
+      background: ``float64[K]`` from :func:`saffu.engine.codes.code_background`.
       weight: ``λ``.
 
     Since codes sum to 1, ``Σ_k F_δ[k, v]`` is the target count, so
@@ -249,16 +250,6 @@ def feature_target(feature_fn: Callable[[Batch], jax.Array], num_features: int,
     return Accumulator(radius, init, update, finalize)
 
 
-def local_mesh(num_devices: int | None = None, axis_name: str = _DEVICE_AXIS) -> Mesh:
-    """A 1-D mesh named ``axis_name`` over the first ``num_devices`` local devices (all by default)."""
-    devices = jax.local_devices()
-    if num_devices is not None:
-        if not 1 <= num_devices <= len(devices):
-            raise SaffuError(f"asked for {num_devices} devices, {len(devices)} are available")
-        devices = devices[:num_devices]
-    return Mesh(np.asarray(devices), (axis_name,))
-
-
 def _windows(stream: np.ndarray, first_target: int, end: int, num_devices: int,
              chunk_size: int, radius: int) -> tuple[np.ndarray, np.ndarray]:
     """Host side of one step: ``int32[D, R + C]`` windows and ``bool[D, C]`` masks, device
@@ -303,7 +294,7 @@ def accumulate_states(stream: np.ndarray, accumulators: Mapping[str, Accumulator
       mesh: 1-D device mesh (default: all local devices).
       progress: progress-bar label, or ``None`` for none.
 
-    In a multi-process job (:mod:`saffu.distributed`) each process streams its own documents
+    In a multi-process job (:mod:`saffu.engine.distributed`) each process streams its own documents
     of ``[begin, end)`` and the states are added over processes, so every process returns the
     same totals.
 
@@ -314,7 +305,6 @@ def accumulate_states(stream: np.ndarray, accumulators: Mapping[str, Accumulator
     if not 1 <= begin <= end <= len(stream):
         raise SaffuError(f"target range [{begin}, {end}) is outside the stream of {len(stream)} tokens")
     if jax.process_count() > 1:  # multi-process job: this process's documents, then a collective sum
-        from saffu import distributed
         local_begin, local_end = distributed.document_shard(stream, jax.process_index(), jax.process_count(),
                                                             begin, end)
         local = _accumulate_local(stream, accumulators, local_begin, local_end, chunk_size, mesh, progress)
@@ -328,7 +318,7 @@ def _accumulate_local(stream, accumulators, begin, end, chunk_size, mesh, progre
         if end - begin > acc.capacity:
             raise SaffuError(f"{end - begin:,} targets exceed the exact range of accumulator {name!r} "
                              f"({acc.capacity:,}); stream the corpus in parts and merge_states them")
-    mesh = mesh or local_mesh()
+    mesh = mesh or distributed.local_mesh()
     num_devices = mesh.devices.size
     radius = max([acc.radius for acc in accumulators.values()] + [1])
     sharded = NamedSharding(mesh, PartitionSpec(_DEVICE_AXIS))

@@ -30,10 +30,11 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from saffu import tokenizer as tok
 from saffu._io import SaffuError, SaffuWarning, atomic_open, atomic_write_json
 from saffu.configs import PrepareConfig
-from saffu.corpus import Corpus, ReadStats, check_not_empty, iter_documents
+from saffu.data import tokenizer as tok
+from saffu.data.corpus import Corpus, ReadStats, check_not_empty, iter_documents
+
 
 META_VERSION = 2
 
@@ -154,7 +155,7 @@ def _write_stream(tokenizer, files, out: Path, dtype: np.dtype, desc: str,
 
 
 def _read_with_progress(files, desc: str, show_progress: bool, stats: ReadStats | None = None):
-    """:func:`saffu.corpus.iter_documents` (counting into ``stats``) with a bytes progress bar."""
+    """:func:`saffu.data.corpus.iter_documents` (counting into ``stats``) with a bytes progress bar."""
     stats = stats if stats is not None else ReadStats()
     with tqdm(total=sum(f.stat().st_size for f in files), unit="B", unit_scale=True, desc=desc, leave=False,
               disable=not show_progress) as bar:

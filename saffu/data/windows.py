@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from saffu.tokenizer import PAD_ID
+from saffu.data.tokenizer import PAD_ID
 
 
 def window_at(stream: np.ndarray, first_target: int, end: int, context: int, seq_len: int) -> tuple[np.ndarray, np.ndarray]:

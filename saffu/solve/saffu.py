@@ -28,16 +28,18 @@ import jax.numpy as jnp
 import numpy as np
 import scipy.optimize
 
-from saffu import accounting, statistics
 from saffu._io import SaffuError
-from saffu.batches import range_windows
-from saffu.codes import sparse_bit_cipher
 from saffu.configs import SolverConfig
-from saffu.explicit import Smoothing, conditional_probabilities, unigram_prior
-from saffu.model import (Params, SaffuConfig, attention_values, block_inputs, block_windows, cipher_table,
-                         hidden_features, init_params, output_groups, window_loss)
-from saffu.workdir import WorkDir
-from saffu.tokenizer import PAD_ID
+from saffu.data.tokenizer import PAD_ID
+from saffu.data.windows import range_windows
+from saffu.data.workdir import WorkDir
+from saffu.engine import accounting
+from saffu.engine.accumulators import Batch, accumulate, feature_target, offset_cooccurrence, unigram_counts
+from saffu.engine.codes import sparse_bit_cipher
+from saffu.engine.explicit import Smoothing, conditional_probabilities, unigram_prior
+from saffu.models.interface import window_loss
+from saffu.models.saffu import (Params, SaffuConfig, attention_values, block_inputs, block_windows, cipher_table,
+                                hidden_features, init_params, output_groups)
 
 
 def _llr(cooccurrence: np.ndarray, smoothing: Smoothing, prior: np.ndarray) -> np.ndarray:
@@ -45,7 +47,7 @@ def _llr(cooccurrence: np.ndarray, smoothing: Smoothing, prior: np.ndarray) -> n
     return np.log(conditional_probabilities(cooccurrence, smoothing, prior) / prior[None, :]).astype(np.float32)
 
 
-def _block_windows_for_targets(solved: Params, config: SaffuConfig, block: int, batch: statistics.Batch) -> jax.Array:
+def _block_windows_for_targets(solved: Params, config: SaffuConfig, block: int, batch: Batch) -> jax.Array:
     """Block ``block``'s windows ``X [C, M, K]`` for the targets of an accumulator batch."""
     context = batch.window.shape[0] - batch.targets.shape[0]
     sequence, visible = block_inputs(solved, config, batch.window[None], block)
@@ -57,7 +59,7 @@ def solve_explicit(workdir: WorkDir, config: SaffuConfig, solver: SolverConfig =
                    mesh=None, progress: bool = True) -> tuple[Params, dict[str, Any]]:
     """Explicit parameters of ``config`` from the training split of ``workdir``.
 
-    Returns the params dict (exactly the structure of :func:`saffu.model.init_params`) and a
+    Returns the params dict (exactly the structure of :func:`saffu.models.saffu.init_params`) and a
     report with the seconds of every stage, the calibrated temperatures, the holdout loss and
     the compute: ``seconds``, ``tokens_per_s`` (counted tokens per second), ``xla_flops``
     (XLA's count over every streaming pass and calibration step; XLA counts no FLOPs for the
@@ -117,7 +119,7 @@ def _solve(workdir, config, solver, mesh, progress):
 
     def run(accumulators, label):
         tick = time.perf_counter()
-        out = statistics.accumulate(stream, accumulators, end=counted_end, chunk_size=solver.chunk_size,
+        out = accumulate(stream, accumulators, end=counted_end, chunk_size=solver.chunk_size,
                                     mesh=mesh, progress=label if progress else None)
         report[f"seconds_{label}"] = time.perf_counter() - tick
         report["streaming_passes"] += 1
@@ -128,13 +130,13 @@ def _solve(workdir, config, solver, mesh, progress):
         windows_fn = lambda batch, index=index: _block_windows_for_targets(solved, config, index, batch)
         # Stage 1: positional predictors (and the unigram prior).
         if index == 0:
-            stats = run({"unigram": statistics.unigram_counts(V),
-                         "offsets": statistics.offset_cooccurrence(sparse_bit_cipher(V, config.bits), V, M)},
+            stats = run({"unigram": unigram_counts(V),
+                         "offsets": offset_cooccurrence(sparse_bit_cipher(V, config.bits), V, M)},
                         f"{tag}_positional")
             prior = unigram_prior(stats["unigram"])
             offsets = stats["offsets"]                                          # [M, K, V]
         else:
-            acc = statistics.feature_target(lambda b: windows_fn(b).reshape(b.targets.shape[0], M * K),
+            acc = feature_target(lambda b: windows_fn(b).reshape(b.targets.shape[0], M * K),
                                             M * K, V, config.context)
             offsets = run({"offsets": acc}, f"{tag}_positional")["offsets"].reshape(M, K, V)
         log_positional = np.stack([np.log(conditional_probabilities(offsets[d], solver.smoothing, prior))
@@ -155,7 +157,7 @@ def _solve(workdir, config, solver, mesh, progress):
         heads = {}
         for h in range(config.heads):
             r = config.head_radius(h)
-            heads[f"attention_{h}"] = statistics.feature_target(
+            heads[f"attention_{h}"] = feature_target(
                 lambda b, r=r: similarity(b, r), r, r, config.context, target_fn=lambda b, r=r: responsibilities(b, r))
         attention_stats = run(heads, f"{tag}_attention")
         block = {name: np.log(conditional_probabilities(attention_stats[name], Smoothing("additive", alpha=1e-3)))
@@ -167,7 +169,7 @@ def _solve(workdir, config, solver, mesh, progress):
 
         # Stage 3: output layer(s).
         if config.hidden == 0:
-            value_accs = {f"value_{h}": statistics.feature_target(lambda b, h=h: values_fn(b)[1][h], K, V, config.context)
+            value_accs = {f"value_{h}": feature_target(lambda b, h=h: values_fn(b)[1][h], K, V, config.context)
                           for h in range(config.heads)}
             value_stats = run(value_accs, f"{tag}_values")
             group_stats = [offsets[d] for d in range(config.positions)] + [value_stats[f"value_{h}"]
@@ -176,7 +178,7 @@ def _solve(workdir, config, solver, mesh, progress):
         else:
             code_prior = prior @ codes.astype(np.float64)      # expected code of the next token
             code_prior = code_prior / code_prior.sum()
-            hidden_acc = statistics.feature_target(lambda b: hidden_features(config, *values_fn(b)),
+            hidden_acc = feature_target(lambda b: hidden_features(config, *values_fn(b)),
                                                    (config.heads + 1) * K, K, config.context,
                                                    target_fn=lambda b: jnp.asarray(codes)[b.targets])
             F1 = run({"hidden": hidden_acc}, f"{tag}_hidden")["hidden"].reshape(config.heads + 1, K, K)
@@ -188,7 +190,7 @@ def _solve(workdir, config, solver, mesh, progress):
                 hidden = hidden_features(config, X, values) @ jnp.asarray(block["hidden_weights"])
                 return jax.nn.softmax(hidden + jnp.asarray(block["hidden_bias"])[None, :], axis=-1)
 
-            F2 = run({"output": statistics.feature_target(z_fn, K, V, config.context)}, f"{tag}_output")["output"]
+            F2 = run({"output": feature_target(z_fn, K, V, config.context)}, f"{tag}_output")["output"]
             block["output_weights"] = _llr(F2, solver.smoothing, prior)
         block["output_bias"] = np.log(prior).astype(np.float32)
         block = {name: jnp.asarray(value) for name, value in block.items()}

@@ -1,0 +1,320 @@
+"""The one trainer of every model (SAFFU, the transformer, the bigram layer), with optax.
+
+Warm start (explicit init) and cold start (random init) differ only in the parameters passed
+in. AdamW with linear warm-up + cosine decay, global-norm clipping, fixed-shape batches of
+windows (``int32[B, R + T]``), one compiled step, periodic dev evaluation, orbax checkpoints
+and exact resume: the batch of step ``i`` is a pure function of ``(seed, i)`` and the
+checkpoint holds the step, the parameters and the optimizer state, so a resumed run continues
+with the same data, RNG and optimizer state as an uninterrupted one.
+
+Accelerator habits: the step donates the parameters and optimizer state (updated in place);
+the next batch is put on the device while the current step runs; the host reads the loss
+only every ``log_every`` steps (and at evaluations and checkpoints), so the device runs
+ahead; ``compute_dtype="bfloat16"`` runs the forward and backward passes in bf16 with float32
+master weights.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from tqdm.auto import tqdm
+
+from saffu._io import SaffuError
+from saffu.configs import TrainConfig
+from saffu.data.windows import shuffled_window_starts, stack_windows
+from saffu.engine import accounting
+from saffu.engine.distributed import local_mesh
+from saffu.models.interface import Params, window_loss
+from saffu.training.checkpoints import checkpoint_manager, restore_training_state, save_training_state
+
+
+INITS = ("explicit", "random")
+
+#: Any model config with the shared interface (:mod:`saffu.models.interface`).
+Model = object
+
+
+def make_optimizer(config: TrainConfig, steps: int) -> optax.GradientTransformation:
+    """Global-norm clipping, then AdamW on a linear warm-up + cosine decay schedule."""
+    warmup = min(config.warmup_steps, steps // 2)
+    schedule = optax.warmup_cosine_decay_schedule(0.0, config.learning_rate, warmup, max(steps, warmup + 1))
+    return optax.chain(optax.clip_by_global_norm(config.clip_norm),
+                       optax.adamw(schedule, eps=config.adam_eps, weight_decay=config.weight_decay))
+
+
+def steps_per_epoch(num_targets: int, config: TrainConfig) -> int:
+    """Steps that see ``num_targets`` targets once (at least 1)."""
+    return max(num_targets // (config.seq_len * config.batch_size), 1)
+
+
+def run_steps(train_stream: np.ndarray, config: TrainConfig) -> int:
+    """The optimizer steps of a run on ``train_stream``: ``config.steps``, or one epoch for 0."""
+    return config.steps or steps_per_epoch(len(train_stream) - 1, config)
+
+
+class BatchSchedule:
+    """The batch of every step as a pure function of ``(seed, step)``: windows in a seeded
+    shuffled order per epoch, so resuming at step ``i`` sees exactly the data it would have."""
+
+    def __init__(self, stream: np.ndarray, model: Model, config: TrainConfig):
+        self.stream, self.model, self.config = stream, model, config
+        self.per_epoch = steps_per_epoch(len(stream) - 1, config)
+        self._key = jax.random.fold_in(jax.random.key(config.seed), 1)  # data stream of the seed
+        self._epoch, self._starts = -1, None
+
+    def __call__(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        epoch, index = divmod(step, self.per_epoch)
+        if epoch != self._epoch:
+            self._epoch = epoch
+            self._starts = shuffled_window_starts(1, len(self.stream), self.config.seq_len,
+                                                  jax.random.fold_in(self._key, epoch))
+        starts = self._starts[index * self.config.batch_size:(index + 1) * self.config.batch_size]
+        return stack_windows(self.stream, starts, [len(self.stream)] * len(starts), self.model.context,
+                             self.config.seq_len)
+
+
+def evenly_spaced_windows(stream: np.ndarray, model: Model, seq_len: int, count: int):
+    """``count`` non-overlapping windows spread evenly over the whole stream (a dev subset
+    that samples every file, not only the first)."""
+    last = max(len(stream) - seq_len, 1)
+    starts = np.unique(np.linspace(1, last, min(count, max(last // seq_len, 1))).astype(int))
+    windows, mask = stack_windows(stream, starts, [len(stream)] * len(starts), model.context, seq_len)
+    return jnp.asarray(windows), jnp.asarray(mask)
+
+
+def data_parallel_mesh(num_devices: int | None = None) -> Mesh:
+    """A 1-D ``("data",)`` mesh over the first ``num_devices`` local devices (all by default)."""
+    return local_mesh(num_devices, axis_name="data")
+
+
+class StepStats(NamedTuple):
+    """Device-side running totals between two host reads (no per-step synchronisation).
+
+    Attributes:
+      loss_sum: ``float32[]`` sum of the losses of the applied steps.
+      applied: ``int32[]`` steps applied.
+      skipped: ``int32[]`` non-finite steps, never applied.
+      first_skipped: ``int32[]`` the first skipped step (``-1``: none).
+    """
+
+    loss_sum: jax.Array
+    applied: jax.Array
+    skipped: jax.Array
+    first_skipped: jax.Array
+
+    @staticmethod
+    def zeros() -> "StepStats":
+        return StepStats(jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32),
+                         jnp.full((), -1, jnp.int32))
+
+
+def _trainable_mask(model: Model, config: TrainConfig, params: Params, step: jax.Array) -> Params:
+    """Per leaf: ``True`` where the update is applied. The model's ``fixed_params`` (inputs,
+    e.g. the bigram's codes) never train; ``config.freeze`` names wait for ``thaw_step``."""
+    fixed = set(getattr(model, "fixed_params", ()))
+    frozen = set(config.freeze)
+
+    def keep(path, _):
+        name = getattr(path[-1], "key", None)
+        if name in fixed:
+            return jnp.asarray(False)
+        if name in frozen:
+            return step >= config.thaw_step
+        return jnp.asarray(True)
+
+    return jax.tree_util.tree_map_with_path(keep, params)
+
+
+def make_train_step(model: Model, optimizer: optax.GradientTransformation, config: TrainConfig) -> Callable:
+    """The jitted step ``(params, opt_state, stats, step, windows int32[B, R + T], mask bool[B, T])
+    -> (params, opt_state, stats)``, donating ``params``, ``opt_state`` and ``stats``.
+
+    The loss is the mean NLL of the batch's targets. A step whose loss or gradients are not
+    finite is not applied (parameters and optimizer state are returned unchanged) and is
+    counted in ``stats``; the host decides what to do at its next read.
+    """
+    compute = jnp.dtype(config.compute_dtype)
+
+    def loss_fn(p, windows, mask):
+        if compute != jnp.float32:
+            p = jax.tree.map(lambda x: x.astype(compute) if jnp.issubdtype(x.dtype, jnp.floating) else x, p)
+        nll, count = window_loss(p, model, windows, mask)
+        return nll.astype(jnp.float32) / jnp.maximum(count, 1)
+
+    def step_fn(p, opt_state, stats: StepStats, step, windows, mask):
+        loss, grads = jax.value_and_grad(loss_fn)(p, windows, mask)
+        updates, new_opt_state = optimizer.update(grads, opt_state, p)
+        updates = jax.tree.map(lambda u, keep: jnp.where(keep, u, 0.0), updates,
+                               _trainable_mask(model, config, updates, step))
+        finite = jnp.isfinite(loss) & jnp.all(jnp.stack([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)]))
+        # a non-finite step is never applied: parameters and optimizer state stay as they were
+        new_p = jax.tree.map(lambda new, old: jnp.where(finite, new, old), optax.apply_updates(p, updates), p)
+        new_opt_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_opt_state, opt_state)
+        stats = StepStats(stats.loss_sum + jnp.where(finite, loss, 0.0), stats.applied + finite,
+                          stats.skipped + (~finite),
+                          jnp.where((stats.first_skipped < 0) & ~finite, step, stats.first_skipped))
+        return new_p, new_opt_state, stats
+
+    return jax.jit(step_fn, donate_argnums=(0, 1, 2))
+
+
+class DevLoss:
+    """Mean NLL (nats/token) of ``count`` evenly spaced dev windows, ``batch_size`` windows per
+    call (the logits of all of them at once would dominate peak memory: 256 × 256 × V floats);
+    the parameters are a jit argument, so one compilation serves every evaluation."""
+
+    def __init__(self, model: Model, stream: np.ndarray, config: TrainConfig):
+        windows, mask = evenly_spaced_windows(stream, model, config.seq_len, config.eval_windows)
+        pad = -len(windows) % config.batch_size
+        if pad:   # fully masked filler windows keep one compiled shape
+            windows = jnp.concatenate([windows, jnp.zeros((pad,) + windows.shape[1:], windows.dtype)])
+            mask = jnp.concatenate([mask, jnp.zeros((pad,) + mask.shape[1:], bool)])
+        self.windows, self.mask, self.size = windows, mask, config.batch_size
+        self._loss = jax.jit(lambda p, w, m: window_loss(p, model, w, m))
+
+    def __call__(self, params: Params) -> float:
+        totals = [self._loss(params, self.windows[i:i + self.size], self.mask[i:i + self.size])
+                  for i in range(0, len(self.windows), self.size)]
+        return sum(float(nll) for nll, _ in totals) / sum(float(count) for _, count in totals)
+
+
+class _Meter:
+    """Training seconds (evaluation and checkpointing excluded), the losses read since the last
+    evaluation and the skipped steps, read from the device's :class:`StepStats`."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self.seconds_at_start = seconds, seconds
+        self.loss_total, self.applied = 0.0, 0       # since the last evaluation
+        self.last_loss = math.nan
+        self.skipped = 0
+        self._tick = time.perf_counter()
+
+    def read(self, stats: StepStats, config: TrainConfig) -> None:
+        """Synchronise with the device (the device time so far counts as training)."""
+        loss_sum, applied, skipped, first = (np.asarray(x) for x in jax.device_get(stats))
+        self.seconds += time.perf_counter() - self._tick
+        if applied:
+            self.loss_total += float(loss_sum)
+            self.applied += int(applied)
+            self.last_loss = float(loss_sum) / int(applied)
+        if skipped and config.on_nonfinite == "stop":
+            raise FloatingPointError(
+                f"non-finite loss or gradient at step {int(first) + 1}; that step was not applied and no "
+                f"checkpoint holds non-finite values: lower --learning-rate or use --on-nonfinite skip")
+        self.skipped += int(skipped)
+
+    def train_loss(self) -> float:
+        """Mean loss of the steps applied since the last call; the totals restart."""
+        loss = self.loss_total / self.applied if self.applied else math.nan
+        self.loss_total, self.applied = 0.0, 0
+        return loss
+
+    def resume(self) -> None:
+        """Restart the clock after an evaluation or a checkpoint."""
+        self._tick = time.perf_counter()
+
+
+def train(model: Model, params: Params, train_stream: np.ndarray, config: TrainConfig,
+          run_dir: str | Path, dev_stream: np.ndarray | None = None,
+          on_eval: Callable[[dict], None] | None = None, progress: bool = True,
+          mesh: Mesh | None = None) -> tuple[Params, list[dict]]:
+    """Train ``params`` (explicit or random init) of ``model`` — any config with the shared
+    interface (:mod:`saffu.models.interface`) — and checkpoint into ``run_dir/checkpoints``.
+
+    If ``run_dir`` already holds checkpoints of this run, training resumes from the latest
+    one. Each evaluation appends one JSON line to ``run_dir/metrics.jsonl`` with ``step``,
+    ``tokens``, ``seconds`` (training time, evaluation excluded), ``tokens_per_s`` (this call's
+    steps over this call's seconds), ``flops`` (analytic: 3 × the model's forward FLOPs per
+    trained token), ``xla_flops`` (XLA's count of one compiled step × steps; None where the
+    backend has no cost analysis), ``peak_rss_mb`` (and ``device_peak_mb`` on accelerators),
+    ``train_loss`` (mean of the losses read since the last evaluation), ``dev_loss``
+    (nats/token on the evenly spaced dev windows) and ``skipped_steps`` (non-finite steps
+    skipped by this call, with ``on_nonfinite="skip"``).
+
+    With a ``mesh`` (see :func:`data_parallel_mesh`) each batch is split over its ``"data"``
+    axis and the parameters and optimizer state are replicated; XLA inserts the gradient
+    all-reduce. The same code runs on one CPU, several forced CPU devices, a GPU or a TPU slice.
+    The caller's ``params`` are copied, never donated.
+
+    Returns the final parameters and the evaluation history of this call.
+    """
+    run_dir = Path(run_dir)
+    steps = run_steps(train_stream, config)
+    optimizer = make_optimizer(config, steps)
+    schedule = BatchSchedule(train_stream, model, config)
+    dev_loss = None if dev_stream is None else DevLoss(model, dev_stream, config)
+    params = jax.tree.map(jnp.array, params)              # a copy: the step donates its input
+    manager = checkpoint_manager(run_dir / "checkpoints")
+    metrics_path = run_dir / "metrics.jsonl"
+    start, params, opt_state, seconds = restore_training_state(manager, run_dir, params, optimizer.init(params),
+                                                               metrics_path)
+    if mesh is not None:
+        if config.batch_size % mesh.devices.size:
+            raise SaffuError(f"--batch-size {config.batch_size} must be a multiple of the {mesh.devices.size} devices")
+        replicated, split = NamedSharding(mesh, PartitionSpec()), NamedSharding(mesh, PartitionSpec("data"))
+        params, opt_state = jax.device_put((params, opt_state), replicated)
+        put_batch = lambda batch: jax.device_put(batch, split)
+    else:
+        put_batch = jax.device_put
+
+    # ahead-of-time compilation: XLA's FLOP count of one step comes with the one compilation
+    batch = put_batch(schedule(min(start, steps - 1)))
+    stats = StepStats.zeros()
+    compiled_step = make_train_step(model, optimizer, config).lower(
+        params, opt_state, stats, jnp.asarray(start), *batch).compile()
+    tokens_per_step = config.batch_size * config.seq_len
+    step_xla_flops = accounting.xla_flops(compiled_step)
+    step_flops = accounting.training_flops(model, tokens_per_step, config.seq_len)
+    meter = _Meter(seconds)
+    history: list[dict] = []
+
+    def evaluate(step: int) -> None:
+        if dev_loss is None:
+            return
+        done_here = step - start
+        record = {"step": step, "tokens": step * tokens_per_step, "seconds": meter.seconds,
+                  "tokens_per_s": done_here * tokens_per_step / max(meter.seconds - meter.seconds_at_start, 1e-9)
+                  if done_here else math.nan,
+                  "flops": step * step_flops,
+                  "xla_flops": None if step_xla_flops is None else step * step_xla_flops,
+                  **accounting.memory_record(),
+                  "train_loss": meter.train_loss(), "dev_loss": dev_loss(params), "skipped_steps": meter.skipped}
+        history.append(record)
+        with open(metrics_path, "a") as handle:
+            handle.write(json.dumps(record) + "\n")
+        if on_eval:
+            on_eval(record)
+
+    if start == 0:
+        evaluate(0)
+    meter.resume()
+    bar = tqdm(range(start, steps), initial=start, total=steps, desc="train", disable=not progress, leave=False)
+    for step in bar:
+        params, opt_state, stats = compiled_step(params, opt_state, stats, jnp.asarray(step), *batch)
+        done = step + 1
+        if done < steps:      # prefetch: the next batch goes to the device while this step runs
+            batch = put_batch(schedule(done))
+        eval_now = done % config.eval_every == 0 or done == steps
+        save_now = done % config.checkpoint_every == 0 or done == steps
+        if eval_now or save_now or done % config.log_every == 0:
+            meter.read(stats, config)
+            stats = StepStats.zeros()
+            bar.set_postfix(loss=f"{meter.last_loss:.4f}", refresh=False)
+            if eval_now:
+                evaluate(done)
+            if save_now:
+                save_training_state(manager, done, params, opt_state)
+            meter.resume()
+    manager.wait_until_finished()
+    manager.close()
+    return params, history
