@@ -126,13 +126,14 @@ def test_feature_target_accumulator_matches_numpy(seed, chunk, devices, dense_ta
     stream = random_stream(seed, 400, vocab_size)
     table = np.random.default_rng(seed).random((vocab_size, 6)).astype(np.float32)
 
-    def features(batch):                        # a non-negative map of the whole context
-        return jnp.asarray(table)[batch.context[:, :radius]].sum(axis=1)
+    def features(batch, context):               # a non-negative map of the whole context
+        return context["table"][batch.context[:, :radius]].sum(axis=1)
 
     target_table = np.random.default_rng(seed + 1).dirichlet(np.ones(4), vocab_size).astype(np.float32)
-    target_fn = (lambda b: jnp.asarray(target_table)[b.targets]) if dense_target else None
+    target_fn = (lambda b, context: context["targets"][b.targets]) if dense_target else None
     acc = feature_target(features, 6, 4 if dense_target else vocab_size, radius, target_fn)
-    F = accumulate(stream, {"f": acc}, chunk_size=chunk, mesh=local_mesh(devices), progress=None)["f"]
+    F = accumulate(stream, {"f": acc}, chunk_size=chunk, mesh=local_mesh(devices), progress=None,
+                   context={"table": table, "targets": target_table})["f"]
     contexts = reference_contexts(stream, radius)
     phi = table.astype(np.float64)[contexts].sum(axis=1)
     targets = stream[1:].astype(np.int64)
@@ -140,9 +141,24 @@ def test_feature_target_accumulator_matches_numpy(seed, chunk, devices, dense_ta
     np.testing.assert_allclose(F, phi.T @ Y, rtol=2e-5, atol=1e-4)   # float32 accumulation
 
 
+def test_weights_reach_the_compiled_step_as_arguments_not_constants():
+    """The context is an argument of the executable: no constant of its shape in the HLO, and
+    one executable serves any weights of that shape."""
+    from saffu.engine.accumulators import _sharded_step
+    table = np.random.default_rng(0).random((25, 6)).astype(np.float32)
+    acc = feature_target(lambda b, context: context["table"][b.context[:, 0]], 6, 25, 1)
+    step = _sharded_step((acc,), local_mesh(1), 1, 16, {"table": table})
+    constants = [line for line in step.as_text().splitlines() if "constant(" in line and "f32[25,6]" in line]
+    assert constants == []
+    stream = random_stream(1, 200, 25)
+    twice = accumulate(stream, {"f": acc}, chunk_size=16, progress=None, context={"table": 2 * table})["f"]
+    once = accumulate(stream, {"f": acc}, chunk_size=16, progress=None, context={"table": table})["f"]
+    np.testing.assert_allclose(twice, 2 * once, rtol=1e-6)
+
+
 def test_negative_features_are_rejected():
     stream = random_stream(0, 50, 10)
-    acc = feature_target(lambda b: -jnp.ones((b.targets.shape[0], 2)), 2, 10, 1)
+    acc = feature_target(lambda b, _: -jnp.ones((b.targets.shape[0], 2)), 2, 10, 1)
     with pytest.raises(SaffuError, match="non-negative"):
         accumulate(stream, {"f": acc}, progress=None)
 

@@ -3,8 +3,11 @@
 An :class:`Accumulator` is a pure triple (formulation §1–3; house style):
 
 * ``init() -> state`` — a pytree of zeros for one device,
-* ``update(state, batch) -> state`` — jittable, on one :class:`Batch` of ``C`` targets
-  (their window of the stream, per-target document contexts, targets and tail mask),
+* ``update(state, batch, context) -> state`` — jittable, on one :class:`Batch` of ``C``
+  targets (their window of the stream, per-target document contexts, targets and tail mask)
+  and the pass's ``context``: a pytree of arrays (for example solved weights) that reaches
+  the compiled step as an argument, never as a compile-time constant (as optax's
+  ``update(updates, state, params)``),
 * ``finalize(host_state) -> statistics`` — on the host, in float64.
 
 States are sums, so two states (two chunks, two devices, two hosts) merge by addition:
@@ -17,7 +20,6 @@ proportional to the corpus.
 
 from __future__ import annotations
 
-import functools
 import time
 from typing import Any, Callable, Mapping, NamedTuple
 
@@ -61,7 +63,8 @@ class Accumulator(NamedTuple):
     Attributes:
       radius: how many context tokens ``update`` reads (``context[:, :radius]``).
       init: ``() -> state`` for one device.
-      update: ``(state, Batch) -> state``.
+      update: ``(state, Batch, context) -> state``; ``context`` is the pass's pytree of
+        arrays (weights), the same for every accumulator of a pass.
       finalize: ``(state summed over devices, as numpy) -> statistics``.
       capacity: the most targets one pass may stream while integer states stay exact
         (no cell can pass 2^31); :func:`accumulate_states` refuses longer ranges — split
@@ -117,7 +120,7 @@ def unigram_counts(vocab_size: int) -> Accumulator:
     def init():
         return jnp.zeros((vocab_size,), jnp.int32)  # int32: exact up to 2^31 per token
 
-    def update(state, batch):
+    def update(state, batch, context):
         return state.at[jnp.where(batch.mask, batch.targets, vocab_size)].add(1, mode="drop")
 
     return Accumulator(0, init, update, lambda state: np.asarray(state, np.int64))
@@ -166,7 +169,7 @@ def offset_cooccurrence(codes: SparseCodes, vocab_size: int, radius: int) -> Acc
         # int32: exact while no cell passes 2^31, which ``capacity`` guarantees
         return jnp.zeros((size,), jnp.int32)
 
-    def update(state, batch):
+    def update(state, batch, _):
         context, targets, mask = batch.context[:, :radius], batch.targets, batch.mask  # [C, M]
         bits = jnp.asarray(slots)[context]                               # [C, M, L]
         row = targets[:, None] * radius + jnp.arange(radius, dtype=jnp.int32)[None, :]
@@ -208,20 +211,21 @@ def blend_background(cooccurrence: np.ndarray, background: np.ndarray, weight: f
     return (1.0 - weight) * cooccurrence + weight * background[None, :, None] * target_counts
 
 
-def feature_target(feature_fn: Callable[[Batch], jax.Array], num_features: int,
+def feature_target(feature_fn: Callable[[Batch, Any], jax.Array], num_features: int,
                    num_targets: int, radius: int,
-                   target_fn: Callable[[Batch], jax.Array] | None = None,
+                   target_fn: Callable[[Batch, Any], jax.Array] | None = None,
                    dtype=jnp.float32) -> Accumulator:
     """Generic ``F = Σ_t φ_tᵀ y_t`` for any jittable non-negative feature map.
 
     Args:
-      feature_fn: ``Batch -> float[C, N]``, non-negative; it may read the per-target
-        ``batch.context[:, :radius]`` or run a sequence model over ``batch.window`` (the
-        SAFFU solver computes attention values and hidden softmaxes this way).
+      feature_fn: ``(Batch, context) -> float[C, N]``, non-negative; it may read the
+        per-target ``batch.context[:, :radius]`` or run a sequence model with the weights in
+        ``context`` over ``batch.window`` (the SAFFU solver computes attention values and
+        hidden softmaxes this way).
       num_features: ``N``.
       num_targets: ``T`` — ``V`` for one-hot next-token targets, or the width of ``target_fn``.
       radius: context tokens the feature map reads.
-      target_fn: ``Batch -> float[C, T]`` target distributions (for example the next
+      target_fn: ``(Batch, context) -> float[C, T]`` target distributions (for example the next
         token's cipher code, or responsibilities that depend on the context);
         ``None`` means one-hot ``e(w_{t+1})`` over ``T = V`` tokens.
       dtype: accumulation dtype (float32 unless x64 is enabled).
@@ -233,11 +237,11 @@ def feature_target(feature_fn: Callable[[Batch], jax.Array], num_features: int,
         shape = (num_targets, num_features) if target_fn is None else (num_features, num_targets)
         return jnp.zeros(shape, dtype)
 
-    def update(state, batch):
-        features = feature_fn(batch).astype(dtype) * batch.mask[:, None]
+    def update(state, batch, context):
+        features = feature_fn(batch, context).astype(dtype) * batch.mask[:, None]
         if target_fn is None:  # rows of the target-major state: a scatter, no one-hot matrix
             return state.at[batch.targets].add(features)
-        return state + features.T @ target_fn(batch).astype(dtype)
+        return state + features.T @ target_fn(batch, context).astype(dtype)
 
     def finalize(state):
         stats = np.asarray(state, np.float64)
@@ -258,31 +262,33 @@ def _windows(stream: np.ndarray, first_target: int, end: int, num_devices: int,
     return stack_windows(stream, starts, [end] * num_devices, radius, chunk_size)
 
 
-@functools.lru_cache(maxsize=32)
-def _sharded_step(accumulators: tuple[Accumulator, ...], mesh: Mesh, radius: int, chunk_size: int):
+def _sharded_step(accumulators: tuple[Accumulator, ...], mesh: Mesh, radius: int, chunk_size: int,
+                  context: Any):
     """One step updating every accumulator on every device, compiled ahead of time for
-    ``chunk_size`` targets per device (cached, so repeated passes with the same accumulators
-    compile once; the compiled executable also carries XLA's FLOP count)."""
+    ``chunk_size`` targets per device and ``context``'s shapes (the executable also carries
+    XLA's FLOP count). The context is replicated on every device and is an argument of the
+    executable: it holds no weights of its own."""
 
-    def local_update(states, windows, masks):
-        context, targets = document_context(windows[0], radius)
-        batch = Batch(windows[0], context, targets, masks[0])
-        return [acc.update(state[0], batch)[None] for acc, state in zip(accumulators, states)]
+    def local_update(states, windows, masks, context):
+        tokens, targets = document_context(windows[0], radius)
+        batch = Batch(windows[0], tokens, targets, masks[0])
+        return [acc.update(state[0], batch, context)[None] for acc, state in zip(accumulators, states)]
 
-    step = jax.jit(jax.shard_map(local_update, mesh=mesh,
-                                 in_specs=(PartitionSpec(_DEVICE_AXIS),) * 3,
-                                 out_specs=PartitionSpec(_DEVICE_AXIS)),
+    split, replicated = PartitionSpec(_DEVICE_AXIS), PartitionSpec()
+    step = jax.jit(jax.shard_map(local_update, mesh=mesh, in_specs=(split, split, split, replicated),
+                                 out_specs=split),
                    donate_argnums=0)
     num_devices = mesh.devices.size
-    spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, PartitionSpec(_DEVICE_AXIS)))
+    spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, split))
     states = [spec((num_devices,) + s.shape, s.dtype) for s in (jax.eval_shape(acc.init) for acc in accumulators)]
     return step.lower(states, spec((num_devices, radius + chunk_size), jnp.int32),
-                      spec((num_devices, chunk_size), jnp.bool_)).compile()
+                      spec((num_devices, chunk_size), jnp.bool_), context).compile()
 
 
 def accumulate_states(stream: np.ndarray, accumulators: Mapping[str, Accumulator], *,
                       begin: int = 1, end: int | None = None, chunk_size: int = 1 << 15,
-                      mesh: Mesh | None = None, progress: str | None = "statistics") -> dict[str, State]:
+                      mesh: Mesh | None = None, context: Any = None,
+                      progress: str | None = "statistics") -> dict[str, State]:
     """Stream ``stream[begin:end]`` as targets through every accumulator at once.
 
     Args:
@@ -292,6 +298,8 @@ def accumulate_states(stream: np.ndarray, accumulators: Mapping[str, Accumulator
         never a target. Context before ``begin`` is still read.
       chunk_size: targets per device per step (fixed shape: compiled once, tail masked).
       mesh: 1-D device mesh (default: all local devices).
+      context: pytree of arrays every accumulator's ``update`` receives (weights solved
+        before this pass), replicated on the mesh; ``None`` for counts that need none.
       progress: progress-bar label, or ``None`` for none.
 
     In a multi-process job (:mod:`saffu.engine.distributed`) each process streams its own documents
@@ -307,12 +315,13 @@ def accumulate_states(stream: np.ndarray, accumulators: Mapping[str, Accumulator
     if jax.process_count() > 1:  # multi-process job: this process's documents, then a collective sum
         local_begin, local_end = distributed.document_shard(stream, jax.process_index(), jax.process_count(),
                                                             begin, end)
-        local = _accumulate_local(stream, accumulators, local_begin, local_end, chunk_size, mesh, progress)
+        local = _accumulate_local(stream, accumulators, local_begin, local_end, chunk_size, mesh, context,
+                                  progress)
         return {name: distributed.sum_over_processes(state) for name, state in local.items()}
-    return _accumulate_local(stream, accumulators, begin, end, chunk_size, mesh, progress)
+    return _accumulate_local(stream, accumulators, begin, end, chunk_size, mesh, context, progress)
 
 
-def _accumulate_local(stream, accumulators, begin, end, chunk_size, mesh, progress) -> dict[str, State]:
+def _accumulate_local(stream, accumulators, begin, end, chunk_size, mesh, context, progress) -> dict[str, State]:
     """:func:`accumulate_states` on this process's local devices only."""
     for name, acc in accumulators.items():
         if end - begin > acc.capacity:
@@ -323,7 +332,8 @@ def _accumulate_local(stream, accumulators, begin, end, chunk_size, mesh, progre
     radius = max([acc.radius for acc in accumulators.values()] + [1])
     sharded = NamedSharding(mesh, PartitionSpec(_DEVICE_AXIS))
     names = list(accumulators)
-    step = _sharded_step(tuple(accumulators[n] for n in names), mesh, radius, chunk_size)
+    context = jax.device_put(context, NamedSharding(mesh, PartitionSpec()))
+    step = _sharded_step(tuple(accumulators[n] for n in names), mesh, radius, chunk_size, context)
     states = [jax.device_put(jnp.stack([accumulators[n].init()] * num_devices), sharded)
               for n in names]
     per_step = num_devices * chunk_size
@@ -332,7 +342,7 @@ def _accumulate_local(stream, accumulators, begin, end, chunk_size, mesh, progre
               disable=progress is None, leave=False) as bar:
         for first in range(begin, end, per_step):
             windows, masks = _windows(stream, first, end, num_devices, chunk_size, radius)
-            states = step(states, jax.device_put(windows, sharded), jax.device_put(masks, sharded))
+            states = step(states, jax.device_put(windows, sharded), jax.device_put(masks, sharded), context)
             bar.update(min(per_step, end - first))
     # Adding the device states on the devices is exact: capacity bounds every cell's total.
     if num_devices == 1:

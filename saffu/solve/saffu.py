@@ -117,17 +117,18 @@ def _solve(workdir, config, solver, mesh, progress):
     report: dict[str, Any] = {"counted_tokens": counted_end - 1, "holdout_tokens": holdout, "streaming_passes": 0,
                               "calibration_evaluations": 0}
 
-    def run(accumulators, label):
+    def run(accumulators, label, context=None):
         tick = time.perf_counter()
-        out = accumulate(stream, accumulators, end=counted_end, chunk_size=solver.chunk_size,
-                                    mesh=mesh, progress=label if progress else None)
+        out = accumulate(stream, accumulators, end=counted_end, chunk_size=solver.chunk_size, mesh=mesh,
+                         context=context, progress=label if progress else None)
         report[f"seconds_{label}"] = time.perf_counter() - tick
         report["streaming_passes"] += 1
         return out
 
     for index in range(config.blocks):
         tag = f"block{index}"
-        windows_fn = lambda batch, index=index: _block_windows_for_targets(solved, config, index, batch)
+        # Every pass reads its weights from ``context`` (a jit argument), never from a closure.
+        windows_of = lambda batch, ctx, index=index: _block_windows_for_targets(ctx["solved"], config, index, batch)
         # Stage 1: positional predictors (and the unigram prior).
         if index == 0:
             stats = run({"unigram": unigram_counts(V),
@@ -136,61 +137,67 @@ def _solve(workdir, config, solver, mesh, progress):
             prior = unigram_prior(stats["unigram"])
             offsets = stats["offsets"]                                          # [M, K, V]
         else:
-            acc = feature_target(lambda b: windows_fn(b).reshape(b.targets.shape[0], M * K),
-                                            M * K, V, config.context)
-            offsets = run({"offsets": acc}, f"{tag}_positional")["offsets"].reshape(M, K, V)
+            acc = feature_target(lambda b, ctx: windows_of(b, ctx).reshape(b.targets.shape[0], M * K),
+                                 M * K, V, config.context)
+            offsets = run({"offsets": acc}, f"{tag}_positional", {"solved": solved})["offsets"].reshape(M, K, V)
         log_positional = np.stack([np.log(conditional_probabilities(offsets[d], solver.smoothing, prior))
                                    for d in range(M)]).astype(np.float32)          # [M, K, V]
         # target-major copy: a target's M·K entries are one contiguous row for the gather
         log_positional_by_target = np.ascontiguousarray(log_positional.transpose(2, 0, 1))  # [V, M, K]
 
         # Stage 2: attention, every head in one pass.
-        def responsibilities(batch, radius):
-            X = windows_fn(batch)[:, :radius]                                   # [C, m, K]
-            picked = jnp.asarray(log_positional_by_target)[batch.targets, :radius]   # [C, m, K]
+        def responsibilities(batch, ctx, radius):
+            X = windows_of(batch, ctx)[:, :radius]                                  # [C, m, K]
+            picked = ctx["log_positional_by_target"][batch.targets, :radius]        # [C, m, K]
             return jax.nn.softmax(jnp.einsum("cmk,cmk->cm", X, picked), axis=-1)
 
-        def similarity(batch, radius):
-            X = windows_fn(batch)
+        def similarity(batch, ctx, radius):
+            X = windows_of(batch, ctx)
             return jnp.einsum("cmk,ck->cm", X[:, :radius], X[:, 0])
 
         heads = {}
         for h in range(config.heads):
             r = config.head_radius(h)
             heads[f"attention_{h}"] = feature_target(
-                lambda b, r=r: similarity(b, r), r, r, config.context, target_fn=lambda b, r=r: responsibilities(b, r))
-        attention_stats = run(heads, f"{tag}_attention")
+                lambda b, ctx, r=r: similarity(b, ctx, r), r, r, config.context,
+                target_fn=lambda b, ctx, r=r: responsibilities(b, ctx, r))
+        attention_stats = run(heads, f"{tag}_attention",
+                              {"solved": solved, "log_positional_by_target": log_positional_by_target})
         block = {name: np.log(conditional_probabilities(attention_stats[name], Smoothing("additive", alpha=1e-3)))
                  .astype(np.float32) for name in heads}
 
-        def values_fn(batch):
-            X = windows_fn(batch)
-            return X, attention_values({k: jnp.asarray(v) for k, v in block.items()}, config, X)
+        def values_of(batch, ctx):
+            X = windows_of(batch, ctx)
+            return X, attention_values(ctx["block"], config, X)
 
         # Stage 3: output layer(s).
+        context = {"solved": solved, "block": dict(block)}
         if config.hidden == 0:
-            value_accs = {f"value_{h}": feature_target(lambda b, h=h: values_fn(b)[1][h], K, V, config.context)
+            value_accs = {f"value_{h}": feature_target(lambda b, ctx, h=h: values_of(b, ctx)[1][h], K, V,
+                                                       config.context)
                           for h in range(config.heads)}
-            value_stats = run(value_accs, f"{tag}_values")
+            value_stats = run(value_accs, f"{tag}_values", context)
             group_stats = [offsets[d] for d in range(config.positions)] + [value_stats[f"value_{h}"]
                                                                             for h in range(config.heads)]
             block["group_weights"] = np.stack([_llr(F, solver.smoothing, prior) for F in group_stats])
         else:
             code_prior = prior @ codes.astype(np.float64)      # expected code of the next token
             code_prior = code_prior / code_prior.sum()
-            hidden_acc = feature_target(lambda b: hidden_features(config, *values_fn(b)),
-                                                   (config.heads + 1) * K, K, config.context,
-                                                   target_fn=lambda b: jnp.asarray(codes)[b.targets])
-            F1 = run({"hidden": hidden_acc}, f"{tag}_hidden")["hidden"].reshape(config.heads + 1, K, K)
+            hidden_acc = feature_target(lambda b, ctx: hidden_features(config, *values_of(b, ctx)),
+                                        (config.heads + 1) * K, K, config.context,
+                                        target_fn=lambda b, ctx: ctx["codes"][b.targets])
+            F1 = run({"hidden": hidden_acc}, f"{tag}_hidden", {**context, "codes": codes})["hidden"]
+            F1 = F1.reshape(config.heads + 1, K, K)
             block["hidden_weights"] = np.concatenate([_llr(F, solver.smoothing, code_prior) for F in F1])
             block["hidden_bias"] = np.log(code_prior).astype(np.float32)
 
-            def z_fn(batch):
-                X, values = values_fn(batch)
-                hidden = hidden_features(config, X, values) @ jnp.asarray(block["hidden_weights"])
-                return jax.nn.softmax(hidden + jnp.asarray(block["hidden_bias"])[None, :], axis=-1)
+            def z_of(batch, ctx):
+                X, values = values_of(batch, ctx)
+                hidden = hidden_features(config, X, values) @ ctx["block"]["hidden_weights"]
+                return jax.nn.softmax(hidden + ctx["block"]["hidden_bias"][None, :], axis=-1)
 
-            F2 = run({"output": feature_target(z_fn, K, V, config.context)}, f"{tag}_output")["output"]
+            F2 = run({"output": feature_target(z_of, K, V, config.context)}, f"{tag}_output",
+                     {"solved": solved, "block": dict(block)})["output"]
             block["output_weights"] = _llr(F2, solver.smoothing, prior)
         block["output_bias"] = np.log(prior).astype(np.float32)
         block = {name: jnp.asarray(value) for name, value in block.items()}
@@ -237,15 +244,16 @@ def _calibrate(solved, block, index, config, stream, counted_end, solver):
         return _newton_direct(solved, block, index, truncated, windows, masks, count, solver)
 
     @jax.jit
-    def loss_and_grad(temperatures):
+    def loss_and_grad(temperatures, solved, block, windows, masks):
         def loss(t):
             params = {"blocks": {**solved["blocks"], index: _scaled(block, config, t)}}
             step = lambda total, batch: (total + window_loss(params, truncated, *batch)[0], None)
             return jax.lax.scan(step, jnp.zeros(()), (windows, masks))[0] / count
         return jax.value_and_grad(loss)(temperatures)
 
-    compiled = loss_and_grad.lower(jnp.ones(2, jnp.float32)).compile()
-    fun = lambda t: tuple(np.asarray(x, np.float64) for x in compiled(jnp.asarray(t, jnp.float32)))
+    arguments = (solved, block, windows, masks)      # weights and data are arguments, not constants
+    compiled = loss_and_grad.lower(jnp.ones(2, jnp.float32), *arguments).compile()
+    fun = lambda t: tuple(np.asarray(x, np.float64) for x in compiled(jnp.asarray(t, jnp.float32), *arguments))
     result = scipy.optimize.minimize(fun, np.ones(2), jac=True, method="L-BFGS-B", bounds=[(0.0, 5.0)] * 2,
                                      options={"maxiter": solver.calibration_iterations})
     accounting.record("calibration", compiled, result.nfev)
@@ -259,7 +267,7 @@ def _newton_direct(solved, block, index, config, windows, masks, count, solver):
     pad = cipher_table(config)[PAD_ID]
 
     @jax.jit
-    def loss_gradient_hessian(beta):
+    def loss_gradient_hessian(beta, solved, block, windows, masks):
         def one(carry, batch):
             w, m = batch
             sequence, visible = block_inputs(solved, config, w, index)
@@ -285,10 +293,11 @@ def _newton_direct(solved, block, index, config, windows, masks, count, solver):
         return jax.lax.scan(one, init, (windows, masks))[0]
 
     beta = np.ones(config.groups)
-    compiled = loss_gradient_hessian.lower(jnp.asarray(beta, jnp.float32)).compile()
+    arguments = (solved, block, windows, masks)      # weights and data are arguments, not constants
+    compiled = loss_gradient_hessian.lower(jnp.asarray(beta, jnp.float32), *arguments).compile()
     evaluations = 0
     for _ in range(solver.calibration_iterations):
-        loss, grad, hess = (np.asarray(x, np.float64) for x in compiled(jnp.asarray(beta, jnp.float32)))
+        loss, grad, hess = (np.asarray(x, np.float64) for x in compiled(jnp.asarray(beta, jnp.float32), *arguments))
         evaluations += 1
         step = np.linalg.solve(hess + 1e-6 * count * np.eye(len(beta)), grad)
         new_beta = np.clip(beta - step, 0.0, 5.0)
