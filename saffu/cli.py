@@ -311,7 +311,8 @@ def cmd_train(args) -> dict:
         steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, learning_rate=args.learning_rate,
         warmup_steps=args.warmup_steps, weight_decay=args.weight_decay, adam_eps=args.adam_eps,
         eval_every=args.eval_every, checkpoint_every=args.checkpoint_every, seed=args.seed,
-        freeze=tuple(args.freeze), thaw_step=args.thaw_step, on_nonfinite=args.on_nonfinite)
+        freeze=tuple(args.freeze), thaw_step=args.thaw_step, on_nonfinite=args.on_nonfinite,
+        log_every=args.log_every, compute_dtype=args.compute_dtype)
     train_stream = workdir.tokens(workdir.train_split)
     steps = run_steps(train_stream, train_config)
     resumed = latest_checkpoint_step(run)
@@ -581,6 +582,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="data-parallel over this many local devices (0: all); the batch is split over them")
     p.add_argument("--on-nonfinite", choices=["stop", "skip"], default=train.on_nonfinite,
                    help="a step with a non-finite loss is never applied: stop with an error, or skip it")
+    p.add_argument("--log-every", type=int, default=train.log_every,
+                   help="steps between host reads of the training loss (the device runs ahead in between)")
+    p.add_argument("--compute-dtype", choices=configs.COMPUTE_DTYPES, default=train.compute_dtype,
+                   help="dtype of the forward and backward passes (weights and optimizer stay float32)")
     _add_eval_flags(p)
     _add_common(p)
 

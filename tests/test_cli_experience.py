@@ -38,7 +38,7 @@ def test_cli_defaults_are_the_configs_defaults():
     assert (stats["mu"], stats["holdout_tokens"], stats["chunk_size"]) == (
         bigram.smoothing.mu, bigram.holdout_tokens, bigram.chunk_size)
     for flag in ("steps", "batch_size", "seq_len", "learning_rate", "warmup_steps", "eval_every",
-                 "checkpoint_every", "adam_eps", "on_nonfinite"):
+                 "checkpoint_every", "adam_eps", "on_nonfinite", "log_every", "compute_dtype"):
         assert train[flag] == getattr(trainer, flag), flag
     assert train["layers"] == configs.TransformerConfig.layers and train["radius"] == configs.SaffuConfig.radius
 

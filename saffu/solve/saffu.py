@@ -42,6 +42,9 @@ from saffu.models.saffu import (Params, SaffuConfig, attention_values, block_inp
                                 hidden_features, init_params, output_groups)
 
 
+HIGHEST = jax.lax.Precision.HIGHEST
+
+
 def _llr(cooccurrence: np.ndarray, smoothing: Smoothing, prior: np.ndarray) -> np.ndarray:
     """``log P(y | i) − log p(y)``, ``float32[N, V]``."""
     return np.log(conditional_probabilities(cooccurrence, smoothing, prior) / prior[None, :]).astype(np.float32)
@@ -262,7 +265,11 @@ def _calibrate(solved, block, index, config, stream, counted_end, solver):
 
 def _newton_direct(solved, block, index, config, windows, masks, count, solver):
     """Newton steps on ``β`` for ``logits = b + Σ_g β_g L_g``: gradient ``Σ E_p[L_g] − L_g[y]``,
-    Hessian ``Σ Cov_p(L_g, L_h)`` (positive semi-definite), both in one pass per step."""
+    Hessian ``Σ Cov_p(L_g, L_h)`` (positive semi-definite), both in one pass per step.
+
+    The Hessian is ``E[L Lᵀ] − E[L] E[L]ᵀ``, a difference of nearly equal terms, so its matmuls
+    run at full float32 precision on every backend (``Precision.HIGHEST``: no TF32 / bf16
+    passes on GPUs and TPUs)."""
     context = config.context
     pad = cipher_table(config)[PAD_ID]
 
@@ -273,14 +280,14 @@ def _newton_direct(solved, block, index, config, windows, masks, count, solver):
             sequence, visible = block_inputs(solved, config, w, index)
             X = block_windows(sequence, visible, pad)[:, context - 1:-1]           # [B, T, M, K]
             groups = output_groups(config, X, attention_values(block, config, X))    # [B, T, G, K]
-            L = jnp.einsum("btgk,gkv->btgv", groups, block["group_weights"])
+            L = jnp.einsum("btgk,gkv->btgv", groups, block["group_weights"], precision=HIGHEST)
             logits = jnp.einsum("g,btgv->btv", beta, L) + block["output_bias"][None, None, :]
             log_p = jax.nn.log_softmax(logits, axis=-1)
             p = jnp.exp(log_p)
             y = w[:, context:]
             picked = jnp.take_along_axis(L, y[:, :, None, None], axis=-1)[..., 0]    # [B, T, G]
-            mean = jnp.einsum("btv,btgv->btg", p, L)
-            second = jnp.einsum("btgv,bthv->btgh", p[:, :, None, :] * L, L)
+            mean = jnp.einsum("btv,btgv->btg", p, L, precision=HIGHEST)
+            second = jnp.einsum("btgv,bthv->btgh", p[:, :, None, :] * L, L, precision=HIGHEST)
             nll = -jnp.take_along_axis(log_p, y[..., None], axis=-1)[..., 0]
             weight = m.astype(jnp.float32)
             loss, grad, hess = carry
