@@ -76,10 +76,11 @@ def test_same_trainer_lowers_the_loss_and_accounts_for_compute(tiny_workdir, tmp
                        tmp_path / "run", dev_stream=tiny_workdir.tokens("dev"), progress=False)
     assert history[-1]["dev_loss"] < history[0]["dev_loss"] - 1.0
     last = history[-1]
-    assert last["tokens"] == 30 * 4 * 16
-    assert last["flops"] == pytest.approx(3 * config.forward_flops(16) * last["tokens"])
-    assert last["xla_flops"] > 0 and last["peak_rss_mb"] > 0
-    assert last["xla_flops"] / last["flops"] == pytest.approx(history[1]["xla_flops"] / history[1]["flops"])
+    assert last["tokens"] == 30 * 4 * 16 and last["peak_rss_mb"] > 0
+    # the analytic count (3 × forward per trained token) against XLA's count of the compiled
+    # training step, an independent measure: backward ≈ 2 × forward, plus what XLA also counts
+    assert 0.8 < last["xla_flops"] / last["flops"] < 2.5
+    assert last["flops"] == pytest.approx(3 * history[1]["flops"])            # linear in steps (30 vs 10)
 
 
 def test_solver_reports_its_compute(tiny_workdir):
@@ -87,7 +88,9 @@ def test_solver_reports_its_compute(tiny_workdir):
     _, report = solve_explicit(tiny_workdir, config, SolverConfig(holdout_tokens=64, chunk_size=128), progress=False)
     assert report["streaming_passes"] == 3 and report["calibration_evaluations"] >= 1
     assert report["xla_flops"] > 0 and report["flops"] > 0 and report["peak_rss_mb"] > 0
-    assert report["tokens_per_s"] == pytest.approx(report["counted_tokens"] / report["seconds"])
+    train_tokens = len(tiny_workdir.tokens("train_10M"))
+    assert report["counted_tokens"] == train_tokens - 64 - 1          # every target but the holdout's
+    assert report["holdout_tokens"] == 64 and report["tokens_per_s"] > 0
 
 
 def test_cli_trains_evaluates_and_scores_blimp_on_a_transformer(tiny_workdir, tmp_path, capsys):
