@@ -76,14 +76,15 @@ def gather(values: np.ndarray, index: np.ndarray) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=16)
-def _rows_step(radius: int, order: int):
-    """Jitted ``int32[R + C] window -> int32[C, order]`` rows: the ``order − 1`` in-document
-    context tokens, oldest first, then the target (``<pad>`` where the document has no token)."""
+def _rows_step(radius: int, columns: tuple[int, ...]):
+    """Jitted ``int32[R + C] window -> int32[C, len(columns) + 1]`` rows: the in-document context
+    tokens at ``columns`` (``δ`` = positions before the head, the head being ``δ = 0``; ``<pad>``
+    where the document has no token), then the target."""
 
     @jax.jit
     def rows(window):
         context, targets = document_context(window, radius)
-        return jnp.concatenate([context[:, :order - 1][:, ::-1], targets[:, None]], axis=1)
+        return jnp.concatenate([context[:, list(columns)], targets[:, None]], axis=1)
 
     return rows
 
@@ -95,11 +96,17 @@ def check_range(stream: np.ndarray, begin: int, end: int | None) -> int:
     return end
 
 
-def iter_rows(stream: np.ndarray, order: int, begin: int, end: int, vocab_size: int,
-               chunk_size: int, progress: str | None) -> Iterator[np.ndarray]:
-    """Rows (see :func:`_rows_step`) of targets ``[begin, end)``, a chunk at a time."""
-    radius = max(order - 1, 1)
-    step = _rows_step(radius, order)
+def ngram_columns(order: int) -> tuple[int, ...]:
+    """The context columns of an ``order``-gram, oldest first: ``(order − 2, …, 1, 0)``."""
+    return tuple(range(order - 2, -1, -1))
+
+
+def iter_rows(stream: np.ndarray, columns: tuple[int, ...], begin: int, end: int, vocab_size: int,
+              chunk_size: int, progress: str | None) -> Iterator[np.ndarray]:
+    """Rows (see :func:`_rows_step`) of targets ``[begin, end)``, a chunk at a time;
+    ``columns`` are context offsets (:func:`ngram_columns` for n-grams)."""
+    radius = max(max(columns, default=0) + 1, 1)
+    step = _rows_step(radius, tuple(columns))
     if (np.asarray(stream[max(begin - radius, 0):begin]) >= vocab_size).any():
         raise SaffuError(f"the stream holds token ids ≥ the vocabulary size {vocab_size}; "
                          f"use the model of this work directory's vocabulary")
@@ -134,6 +141,46 @@ def _unique_rows(rows: np.ndarray, counts: np.ndarray, vocab_size: int) -> tuple
     return rows[first], summed
 
 
+def count_rows(stream: np.ndarray, columns: tuple[int, ...], ranges: list[tuple[int, int]], *,
+               vocab_size: int, chunk_size: int = 1 << 16,
+               progress: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Exact counts of the distinct (context tokens at ``columns``, target) rows of every target
+    in the ``ranges``: the one sparse counter behind the n-gram tables and the exact explicit
+    groups (:mod:`saffu.solve.exact`).
+
+    Args:
+      stream: ``int[N]`` token stream starting with ``<eod>`` (a memory map is fine).
+      columns: context offsets ``δ`` (0 = the token right before the target); ``<pad>`` stands
+        for "before the document start".
+      ranges: target ranges ``[(begin, end), …]``; context before a range is still read.
+      vocab_size: ``V``.
+      chunk_size: targets per jitted step.
+      progress: progress-bar label, or ``None``.
+
+    Returns ``rows int32[U, len(columns) + 1]`` (lexicographically sorted) and their ``int64[U]``
+    counts; counts of ranges and of hosts add (exact integers).
+    """
+    if len(stream) == 0 or int(stream[0]) != EOD_ID:
+        raise SaffuError("the token stream must start with <eod> (the opening document start); "
+                         "use a stream written by `saffu prepare`")
+    pending_rows: list[np.ndarray] = []
+    pending_counts: list[np.ndarray] = []
+    pending = 0
+    for begin, end in ranges:
+        end = check_range(stream, begin, end)
+        for rows in iter_rows(stream, columns, begin, end, vocab_size, chunk_size, progress):
+            rows, counts = _unique_rows(rows, np.ones(len(rows), np.int64), vocab_size)
+            pending_rows.append(rows)
+            pending_counts.append(counts)
+            pending += len(rows)
+            if pending > _MERGE_ROWS and len(pending_rows) > 1:
+                merged = _unique_rows(np.concatenate(pending_rows), np.concatenate(pending_counts), vocab_size)
+                pending_rows, pending_counts, pending = [merged[0]], [merged[1]], len(merged[0])
+    if not pending_rows:
+        raise SaffuError(f"no targets to count in {ranges}")
+    return _unique_rows(np.concatenate(pending_rows), np.concatenate(pending_counts), vocab_size)
+
+
 def count_ngrams(stream: np.ndarray, order: int, *, vocab_size: int | None = None, begin: int = 1,
                  end: int | None = None, chunk_size: int = 1 << 16,
                  progress: str | None = None) -> list[NgramTable]:
@@ -159,20 +206,8 @@ def count_ngrams(stream: np.ndarray, order: int, *, vocab_size: int | None = Non
                          "use a stream written by `saffu prepare`")
     if vocab_size is None:
         vocab_size = max(int(np.max(stream[:end])) + 1, EOD_ID + 1)
-    pending_rows: list[np.ndarray] = []
-    pending_counts: list[np.ndarray] = []
-    pending = 0
-    for rows in iter_rows(stream, order, begin, end, vocab_size, chunk_size, progress):
-        rows, counts = _unique_rows(rows, np.ones(len(rows), np.int64), vocab_size)
-        pending_rows.append(rows)
-        pending_counts.append(counts)
-        pending += len(rows)
-        if pending > _MERGE_ROWS and len(pending_rows) > 1:
-            merged = _unique_rows(np.concatenate(pending_rows), np.concatenate(pending_counts), vocab_size)
-            pending_rows, pending_counts, pending = [merged[0]], [merged[1]], len(merged[0])
-    if not pending_rows:
-        raise SaffuError(f"no targets to count in [{begin}, {end})")
-    rows, counts = _unique_rows(np.concatenate(pending_rows), np.concatenate(pending_counts), vocab_size)
+    rows, counts = count_rows(stream, ngram_columns(order), [(begin, end)], vocab_size=vocab_size,
+                              chunk_size=chunk_size, progress=progress)
     return _tables_from_rows(rows.astype(np.int64), counts, order, vocab_size)
 
 

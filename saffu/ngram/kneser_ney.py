@@ -35,7 +35,7 @@ import numpy as np
 
 from saffu._io import SaffuError
 from saffu.data.tokenizer import EOD_ID, PAD_ID
-from saffu.ngram.counts import NgramTable, check_range, count_ngrams, gather, iter_rows, lookup
+from saffu.ngram.counts import NgramTable, check_range, count_ngrams, gather, iter_rows, lookup, ngram_columns
 
 
 FALLBACK_DISCOUNTS = (0.5, 1.0, 1.5)
@@ -225,7 +225,7 @@ def log_probs(model: KneserNeyModel, stream: np.ndarray, begin: int = 1, end: in
     end = check_range(stream, begin, end)
     out = np.zeros(end - begin)
     position = 0
-    for rows in iter_rows(stream, model.order, begin, end, model.vocab_size, chunk_size, progress):
+    for rows in iter_rows(stream, ngram_columns(model.order), begin, end, model.vocab_size, chunk_size, progress):
         out[position:position + len(rows)] = score_rows(model, rows)
         position += len(rows)
     return out
