@@ -34,7 +34,9 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import math
+import os
 import platform
 import sys
 import tempfile
@@ -55,7 +57,7 @@ from saffu.training.trainer import train
 
 #: Settings that must match between a run and its ``--reference`` for the comparison to mean anything.
 SETTINGS = ("train_tokens", "dev_tokens", "bits", "radius", "steps", "batch_size", "seq_len",
-            "eval_windows", "solve_chunk_size", "vocab_size", "train_stream_tokens")
+            "eval_windows", "solve_chunk_size", "holdout_tokens", "vocab_size", "train_stream_tokens")
 
 
 def chunk_sizes(text: str) -> list[int]:
@@ -90,8 +92,13 @@ def parse_args(argv=None):
                         default=[1 << 12, 1 << 15, 1 << 17],
                         help="statistics chunk sizes, comma-separated (default 4096,32768,131072; "
                              "'1<<15' is accepted)")
+    parser.add_argument("--repeats", type=int, default=2,
+                        help="statistics passes per chunk size, the fastest kept (default 2)")
     parser.add_argument("--solve-chunk-size", type=int, default=SolverConfig.chunk_size,
                         help=f"chunk size of the solver's passes (default {SolverConfig.chunk_size})")
+    parser.add_argument("--holdout-tokens", type=int, default=SolverConfig.holdout_tokens,
+                        help=f"solver calibration holdout (default {SolverConfig.holdout_tokens}; "
+                             f"at most a tenth of the training stream)")
     parser.add_argument("--out", type=Path, default=Path("runs/device_check"), help="output folder")
     parser.add_argument("--reference", type=Path, help="device_check.json of a reference run (same settings)")
     parser.add_argument("--rtol", type=float, default=1e-3,
@@ -123,7 +130,9 @@ def backend_info() -> dict:
     devices = jax.devices()
     info = {"backend": jax.default_backend(), "devices": [str(d) for d in devices],
             "device_count": len(devices), "device_kind": devices[0].device_kind,
-            "jax_version": jax.__version__, "python": platform.python_version(), "host": platform.node()}
+            "jax_version": jax.__version__, "python": platform.python_version(), "host": platform.node(),
+            # None: XLA's default, which may use TF32 for float32 matmuls on recent NVIDIA GPUs
+            "default_matmul_precision": jax.config.jax_default_matmul_precision}
     try:
         import jaxlib
         info["jaxlib_version"] = jaxlib.__version__
@@ -132,47 +141,57 @@ def backend_info() -> dict:
     return info
 
 
-def statistics(stream: np.ndarray, vocab_size: int, bits: int, radius: int, chunk_sizes: list[int]) -> dict:
+def statistics(stream: np.ndarray, vocab_size: int, bits: int, radius: int, chunk_sizes: list[int],
+               repeats: int) -> dict:
     """Unigram + offset counts over ``stream`` per chunk size: wall seconds (with and without
-    compilation) and checksums of the exact int64 states."""
+    compilation) and checksums of the exact int64 states (identical over chunk sizes and repeats)."""
     accumulators = {"unigram": unigram_counts(vocab_size),
                     "offsets": offset_cooccurrence(sparse_bit_cipher(vocab_size, bits), vocab_size, radius)}
     targets = len(stream) - 1
     runs = {}
     for chunk_size in chunk_sizes:
-        # one chunk: compilation + one step (every call compiles its own step)
-        tick = time.perf_counter()
-        jax.block_until_ready(accumulate_states(stream, accumulators, end=min(1 + chunk_size, len(stream)),
-                                                chunk_size=chunk_size, progress=None))
-        one_chunk = time.perf_counter() - tick
-        tick = time.perf_counter()
-        states = jax.block_until_ready(accumulate_states(stream, accumulators, chunk_size=chunk_size, progress=None))
-        seconds = time.perf_counter() - tick
+        # Every call compiles its own step, so a pass's time includes compilation: a one-chunk
+        # pass (compilation + one step) measures it apart; the best of ``repeats`` of each.
+        one_chunk, seconds, checksums = math.inf, math.inf, set()
+        for _ in range(repeats):
+            tick = time.perf_counter()
+            jax.block_until_ready(accumulate_states(stream, accumulators, end=min(1 + chunk_size, len(stream)),
+                                                    chunk_size=chunk_size, progress=None))
+            one_chunk = min(one_chunk, time.perf_counter() - tick)
+            tick = time.perf_counter()
+            states = jax.block_until_ready(accumulate_states(stream, accumulators, chunk_size=chunk_size,
+                                                             progress=None))
+            seconds = min(seconds, time.perf_counter() - tick)
+            checksums.add((sha256_int64(states["unigram"]), sha256_int64(states["offsets"])))
         streamed = seconds - one_chunk
         run = {"chunk_size": chunk_size, "seconds": seconds, "one_chunk_seconds": one_chunk,
                "tokens_per_s": targets / seconds,
                "steady_tokens_per_s": (targets - min(chunk_size, targets)) / streamed
                if targets > chunk_size and streamed > 0 else None,
+               "repeats": repeats, "repeats_identical": len(checksums) == 1,
                "unigram_sha256": sha256_int64(states["unigram"]),
                "offsets_sha256": sha256_int64(states["offsets"]),
                "unigram_total": int(np.asarray(states["unigram"], np.int64).sum()),
                "offsets_total": int(np.asarray(states["offsets"], np.int64).sum())}
         runs[str(chunk_size)] = run
-        steady = run["steady_tokens_per_s"]
+        steady = "n/a" if run["steady_tokens_per_s"] is None else f"{run['steady_tokens_per_s']:,.0f}"
         print(f"  chunk {chunk_size:>7}: {seconds:7.2f} s ({one_chunk:.2f} s compile + first chunk)   "
-              f"{run['tokens_per_s']:>12,.0f} tok/s   steady {steady or float('nan'):>12,.0f} tok/s   "
+              f"{run['tokens_per_s']:>12,.0f} tok/s   steady {steady:>12} tok/s   "
               f"offsets {run['offsets_sha256'][:12]}", flush=True)
     keys = {(r["unigram_sha256"], r["offsets_sha256"]) for r in runs.values()}
+    keys |= {None for r in runs.values() if not r["repeats_identical"]}
     best = max(runs.values(), key=lambda r: r["tokens_per_s"])
-    return {"targets": targets, "runs": runs, "counts_identical": len(keys) == 1,
+    totals_ok = all(r["unigram_total"] == targets for r in runs.values())
+    return {"targets": targets, "runs": runs, "counts_identical": len(keys) == 1 and totals_ok,
             "unigram_sha256": next(iter(runs.values()))["unigram_sha256"],
             "offsets_sha256": next(iter(runs.values()))["offsets_sha256"],
             "best_chunk_size": best["chunk_size"], "best_tokens_per_s": best["tokens_per_s"]}
 
 
-def solve(workdir, config: SaffuConfig, chunk_size: int):
+def solve(workdir, config: SaffuConfig, chunk_size: int, holdout_tokens: int):
     tick = time.perf_counter()
-    params, report = solve_explicit(workdir, config, SolverConfig(chunk_size=chunk_size), progress=False)
+    params, report = solve_explicit(workdir, config, SolverConfig(chunk_size=chunk_size, holdout_tokens=holdout_tokens),
+                                    progress=False)
     jax.block_until_ready(params)
     wall = time.perf_counter() - tick
     record = {key: scalar(value) for key, value in report.items() if scalar(value) is not None}
@@ -219,7 +238,8 @@ def compare(result: dict, reference: dict, rtol: float, bf16_rtol: float) -> lis
                   if result["settings"].get(k) != reference["settings"].get(k)}
     item("settings", not mismatched, "identical" if not mismatched else
          "differ: " + ", ".join(f"{k} {a} vs {b}" for k, (a, b) in mismatched.items()))
-    item("train_stream", result["train_stream_sha256"] == reference["train_stream_sha256"], "sha256 of the token stream")
+    item("train_stream", result["train_stream_sha256"] == reference["train_stream_sha256"],
+         "sha256 of the training token stream")
     for key in ("unigram_sha256", "offsets_sha256"):
         ours, theirs = result["statistics"][key], reference["statistics"][key]
         item(key.replace("_sha256", "_counts"), ours == theirs, f"{ours[:16]} vs {theirs[:16]} (exact)")
@@ -263,9 +283,9 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     reference = None
     if args.reference is not None:   # read first: a wrong path fails before the work
-        import json
         reference = json.loads(args.reference.read_text())
 
+    load_before = os.getloadavg()[0]
     info = backend_info()
     print(f"backend {info['backend']} ({info['device_kind']}), {info['device_count']} device(s): "
           f"{', '.join(info['devices'])}; jax {info['jax_version']}", flush=True)
@@ -282,18 +302,18 @@ def main(argv=None) -> int:
                 "train_stream_tokens": len(stream), "vocab_size": V, "bits": args.bits, "radius": args.radius,
                 "steps": args.steps, "batch_size": args.batch_size, "seq_len": args.seq_len,
                 "eval_windows": args.eval_windows, "chunk_sizes": args.chunk_sizes,
-                "solve_chunk_size": args.solve_chunk_size}
+                "solve_chunk_size": args.solve_chunk_size, "holdout_tokens": args.holdout_tokens}
     result = {"device": info, "settings": settings, "train_stream_sha256": sha256_int64(stream)}
     print(f"{len(stream):,} training tokens, V={V}, bits={args.bits}, radius={args.radius}", flush=True)
 
     print("statistics (unigram + offset co-occurrences):", flush=True)
-    result["statistics"] = statistics(stream, V, args.bits, args.radius, args.chunk_sizes)
+    result["statistics"] = statistics(stream, V, args.bits, args.radius, args.chunk_sizes, args.repeats)
     print(f"  counts identical across chunk sizes: {result['statistics']['counts_identical']}; "
           f"best chunk size {result['statistics']['best_chunk_size']}", flush=True)
 
     config = SaffuConfig(vocab_size=V, bits=args.bits, radius=args.radius)
     print(f"explicit solve (chunk size {args.solve_chunk_size}):", flush=True)
-    params, result["solve"] = solve(workdir, config, args.solve_chunk_size)
+    params, result["solve"] = solve(workdir, config, args.solve_chunk_size, args.holdout_tokens)
 
     print(f"warm-start training, {args.steps} steps of {args.batch_size}x{args.seq_len} tokens:", flush=True)
     result["train"] = {dtype: training(config, params, workdir, args, dtype, out) for dtype in ("float32", "bfloat16")}
@@ -304,7 +324,8 @@ def main(argv=None) -> int:
     print(f"  bf16 - f32 dev loss {difference:+.6f}; bf16/f32 tokens/s {result['train_bf16_speedup']:.2f}", flush=True)
 
     failed = not result["statistics"]["counts_identical"]
-    print(f"{'PASS' if not failed else 'FAIL'}  counts_identical_across_chunk_sizes", flush=True)
+    print(f"{'PASS' if not failed else 'FAIL'}  counts_identical_across_chunk_sizes (and repeats; unigram total = "
+          f"targets)", flush=True)
     if reference is not None:
         result["reference"] = {"path": str(args.reference), "device": reference["device"],
                                "rtol": args.rtol, "bf16_rtol": args.bf16_rtol}
@@ -323,9 +344,12 @@ def main(argv=None) -> int:
         failed = failed or not result["reference_pass"]
     result["pass"] = not failed
     result["seconds"] = time.perf_counter() - start
+    result["load_before"], result["load_after"] = load_before, os.getloadavg()[0]
     atomic_write_json(out / "device_check.json", result)
-    write_metrics(args.metrics_json, {**flat_metrics(result), "pass": result["pass"], "seconds": result["seconds"]})
-    print(f"{'PASS' if not failed else 'FAIL'} overall; {result['seconds']:.1f} s; {out / 'device_check.json'}")
+    write_metrics(args.metrics_json, {**flat_metrics(result), "pass": result["pass"], "seconds": result["seconds"],
+                                      "load_before": load_before, "load_after": result["load_after"]})
+    print(f"{'PASS' if not failed else 'FAIL'} overall; {result['seconds']:.1f} s (load {load_before:.1f} -> "
+          f"{result['load_after']:.1f}); {out / 'device_check.json'}")
     return 1 if failed else 0
 
 

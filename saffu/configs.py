@@ -128,6 +128,7 @@ class BigramConfig:
 
     context = 1
     fixed_params = ("codes",)
+    eval_seq_len = 256
 
     def logits(self, params, tokens):
         """:func:`saffu.models.bigram.bigram_logits`: ``int32[B, S]`` -> ``float32[B, S, V]``."""
@@ -295,6 +296,71 @@ class SaffuConfig:
         output = 2 * self.groups * K * V if self.hidden == 0 else 2 * ((self.heads + 1) * K * self.hidden
                                                                        + self.hidden * V)
         return float(self.blocks * (attention + output) + (self.blocks - 1) * 2 * V * K)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExactConfig:
+    """The token-resolution explicit model (:mod:`saffu.models.exact`, solved by
+    :mod:`saffu.solve.exact`): exact-token context groups combined log-linearly,
+
+        ``logits(y) = log p(y) + Σ_g β_g[bucket(n(c_g))] · L_g[c_g, y]``,
+        ``L_g[c, y] = log P_g(y | c) − log p(y)``, Dirichlet-smoothed around the unigram ``p``.
+
+    Attributes:
+      vocab_size: ``V``.
+      groups: one tuple of context offsets per group (``δ = 0`` is the token right before the
+        target, ``δ = 1`` the one before it, …): ``(0,)`` the bigram, ``(1,)`` a skip-bigram,
+        ``(0, 1)`` the previous two tokens (a conjunction: a trigram context).
+      mu: Dirichlet strength ``μ`` of every group.
+      buckets: lower edges of the context-count buckets after the first (contexts seen fewer
+        than ``buckets[0]`` times are bucket 0); each group has one temperature per bucket
+        (``()``: one temperature per group).
+      holdout_tokens: whole training documents (from evenly spaced blocks of the split) kept
+        out of the counts to calibrate the temperatures.
+      calibration_iterations: Newton iterations (at most).
+      chunk_size: targets per step when counting.
+    """
+
+    vocab_size: int
+    groups: tuple[tuple[int, ...], ...] = ((0,), (1,), (2,), (3,), (0, 1), (0, 1, 2))
+    mu: float = 100.0
+    buckets: tuple[int, ...] = (3, 10, 30, 100, 1000, 10000)
+    holdout_tokens: int = 32_768
+    calibration_iterations: int = 12
+    chunk_size: int = 1 << 16
+    kind: str = "exact"
+
+    def __post_init__(self):
+        if not self.groups or any(not g or min(g) < 0 or len(set(g)) != len(g) for g in self.groups):
+            raise SaffuError(f"exact groups must be non-empty tuples of distinct offsets ≥ 0, got {self.groups}")
+        if not self.mu > 0:
+            raise SaffuError(f"Dirichlet smoothing needs mu > 0 (got {self.mu})")
+        if list(self.buckets) != sorted(set(self.buckets)) or any(b < 2 for b in self.buckets):
+            raise SaffuError(f"bucket edges must be increasing counts ≥ 2, got {self.buckets}")
+
+    @property
+    def context(self) -> int:
+        """Tokens of left context a prediction reads: the largest offset + 1."""
+        return max(max(g) for g in self.groups) + 1
+
+    @property
+    def num_buckets(self) -> int:
+        return len(self.buckets) + 1
+
+    @property
+    def eval_seq_len(self) -> int:
+        """Targets per evaluation window."""
+        return 256
+
+    def logits(self, params, tokens):
+        """:func:`saffu.models.exact.exact_logits`: ``int32[B, S]`` -> ``float32[B, S, V]``."""
+        from saffu.models.exact import exact_logits
+        return exact_logits(params, self, tokens)
+
+    def forward_flops(self, seq_len: int = 0) -> float:
+        """Per predicted token: the context searches are ~free; every group adds a ``V``-wide row
+        (its constant, a dense row or a sparse scatter), then the softmax: ``(G + 1) · V``."""
+        return float((len(self.groups) + 1) * self.vocab_size)
 
 
 @dataclasses.dataclass(frozen=True)

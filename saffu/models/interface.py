@@ -9,6 +9,7 @@ argument — with
 * ``logits(params, tokens int32[B, S]) -> float[B, S, V]``: position ``p`` predicts token
   ``p + 1``; ``params`` is a pytree of arrays, always a jit argument, never a constant;
 * ``forward_flops(seq_len) -> float``: analytic forward FLOPs per predicted token;
+* ``eval_seq_len``: targets per evaluation window;
 * optionally ``fixed_params``: top-level parameter names that are inputs, never trained.
 """
 

@@ -181,6 +181,13 @@ def count_rows(stream: np.ndarray, columns: tuple[int, ...], ranges: list[tuple[
     return _unique_rows(np.concatenate(pending_rows), np.concatenate(pending_counts), vocab_size)
 
 
+def merge_rows(parts: list[tuple[np.ndarray, np.ndarray]], vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Several :func:`count_rows` results (ranges, hosts) as one: distinct rows, summed exact counts."""
+    rows = np.concatenate([r for r, _ in parts])
+    counts = np.concatenate([c for _, c in parts])
+    return _unique_rows(rows, counts, vocab_size)
+
+
 def count_ngrams(stream: np.ndarray, order: int, *, vocab_size: int | None = None, begin: int = 1,
                  end: int | None = None, chunk_size: int = 1 << 16,
                  progress: str | None = None) -> list[NgramTable]:

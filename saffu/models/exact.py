@@ -1,0 +1,108 @@
+"""The token-resolution explicit model: exact-token context groups, stored sparsely.
+
+For groups ``g`` (each a tuple of context offsets, :class:`saffu.configs.ExactConfig`) with
+context ``c_g`` (the tokens at those offsets, ``<pad>`` before the document start)::
+
+    logits(y) = log p(y) + Σ_g β_g[b_g] · L_g[c_g, y]
+    L_g[c, y] = log P_g(y | c) − log p(y),    P_g(y | c) = (n(c, y) + μ p(y)) / (n(c) + μ)
+
+with ``b_g`` the count bucket of ``c_g``. Every unseen pair of a context has the same value,
+``const(c) = log(μ / (n(c) + μ))``, so a context is stored as that constant plus its seen
+entries ``L − const = log(1 + n(c, y) / (μ p(y)))`` (positive): contexts with at most ``k``
+seen targets as a padded sparse row (``ell_col``, ``ell_val``: ``k`` columns, padding column
+``V`` is dropped), the others (frequent contexts) as a dense ``V``-wide row. A context never
+seen — or never seen with its conjunction — has ``L = 0`` (the prior).
+
+Contexts are found inside jit: the first token of a group is its own id; every further token
+is a binary search among the children of the context so far (``levels``: CSR ``start`` and
+sorted ``token`` arrays), so nothing is hashed and no ``V^n`` key is ever formed. The
+parameters (a pytree of arrays, :func:`saffu.solve.exact.solve_exact`)::
+
+    {"log_prior": float32[V], "beta": float32[G, B],
+     "groups": [{"levels": [{"start": int32[C_{j-1} + 2], "token": int32[C_j]}, …],
+                 "const": float32[C + 1], "bucket": int32[C + 1],
+                 "ell_col": int32[C + 1, k], "ell_val": float32[C + 1, k],
+                 "dense_index": int32[C + 1], "dense_rows": float32[D + 1, V]}, …]}
+
+(row ``C`` of every per-context array, and dense row ``D``, is the "unseen context" sentinel).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from saffu.configs import ExactConfig
+from saffu.data.tokenizer import EOD_ID, PAD_ID
+
+Params = dict[str, Any]
+
+
+def document_contexts(tokens: jax.Array, radius: int) -> jax.Array:
+    """``int32[B, S]`` -> ``int32[B, S, R]``: ``[b, p, δ]`` is the token ``δ`` positions before
+    position ``p`` (``δ = 0``: the token at ``p``, the head predicting ``p + 1``), ``<pad>`` when
+    an ``<eod>`` lies in ``(p − δ, p]`` (an earlier document) or before the window."""
+    boundaries = jnp.cumsum(tokens == EOD_ID, axis=1)
+    columns = []
+    for delta in range(radius):
+        shifted = jnp.pad(tokens, ((0, 0), (delta, 0)), constant_values=PAD_ID)[:, :tokens.shape[1]]
+        shifted_bounds = jnp.pad(boundaries, ((0, 0), (delta, 0)), constant_values=-1)[:, :tokens.shape[1]]
+        columns.append(jnp.where(shifted_bounds == boundaries, shifted, PAD_ID))
+    return jnp.stack(columns, axis=-1)
+
+
+def _search(level: Params, parent: jax.Array, token: jax.Array, steps: int) -> jax.Array:
+    """Ids of ``token`` among the children of ``parent`` (``int32[P]`` each): a lower-bound
+    binary search in ``level["token"][start[parent] : start[parent + 1]]``; the sentinel
+    ``len(level["token"])`` where absent."""
+    start, children = level["start"], level["token"]
+    size = children.shape[0]
+    lo, end = start[parent], start[parent + 1]
+
+    def body(_, bounds):
+        lo, hi = bounds
+        active = lo < hi
+        mid = (lo + hi) // 2
+        right = children[jnp.minimum(mid, size - 1)] < token
+        return jnp.where(active & right, mid + 1, lo), jnp.where(active & ~right, mid, hi)
+
+    lo, _ = jax.lax.fori_loop(0, steps, body, (lo, end))
+    found = (lo < end) & (children[jnp.minimum(lo, max(size - 1, 0))] == token) if size else jnp.zeros_like(lo, bool)
+    return jnp.where(found, lo, size)
+
+
+def context_ids(group: Params, context: jax.Array, vocab_size: int) -> jax.Array:
+    """``int32[P, n]`` context tokens of one group (its offsets' order) -> ``int32[P]`` context
+    ids (the sentinel ``C`` for contexts never counted)."""
+    ids = context[:, 0]
+    steps = max(math.ceil(math.log2(vocab_size + 1)), 1)
+    for j, level in enumerate(group["levels"], start=1):
+        ids = _search(level, ids, context[:, j], steps)
+    return ids
+
+
+def group_rows(params: Params, config: ExactConfig, tokens: jax.Array):
+    """Per group, for every position of ``tokens int32[B, S]``: its ``V``-wide row
+    ``L_g[c_g, :]`` and its count bucket. Yields ``(float32[B·S, V], int32[B·S])`` pairs, one
+    group at a time (so at most one extra ``[B·S, V]`` array is live per group)."""
+    B, S = tokens.shape
+    V = config.vocab_size
+    context = document_contexts(tokens, config.context).reshape(B * S, config.context)
+    positions = jnp.arange(B * S)[:, None]
+    for offsets, group in zip(config.groups, params["groups"]):
+        ids = context_ids(group, context[:, list(offsets)], V)
+        row = group["dense_rows"][group["dense_index"][ids]] + group["const"][ids][:, None]
+        row = row.at[positions, group["ell_col"][ids]].add(group["ell_val"][ids], mode="drop")
+        yield row, group["bucket"][ids]
+
+
+def exact_logits(params: Params, config: ExactConfig, tokens: jax.Array) -> jax.Array:
+    """Next-token logits at every position: ``tokens int32[B, S]`` -> ``float32[B, S, V]``."""
+    B, S = tokens.shape
+    logits = jnp.broadcast_to(params["log_prior"], (B * S, config.vocab_size))
+    for g, (row, bucket) in enumerate(group_rows(params, config, tokens)):
+        logits = logits + params["beta"][g, bucket][:, None] * row
+    return logits.reshape(B, S, config.vocab_size)

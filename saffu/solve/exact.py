@@ -1,0 +1,228 @@
+"""The explicit solution of the token-resolution model (:mod:`saffu.models.exact`).
+
+1. Held-out documents: ``holdout_tokens`` of whole training documents from evenly spaced
+   blocks of the split (every source file is represented), never counted.
+2. One exact sparse count per group over the rest (:func:`saffu.ngram.counts.count_rows`, the
+   counter behind the n-gram tables): distinct (context, target) rows with ``int64`` counts.
+3. Tables per group: the context search levels, per-context constants
+   ``log(μ / (n(c) + μ))`` and count buckets, and the seen entries
+   ``log(1 + n(c, y) / (μ p(y)))`` — sparse rows of at most ``k`` entries, dense ``V``-wide rows
+   for the contexts with more (``k`` per group minimises the bytes of both).
+4. Temperatures ``β[g, bucket]`` by Newton's method on the held-out documents: the logits are
+   linear in ``β``, so the loss is convex; gradient ``Σ E_p[L] − L[y]`` and Hessian
+   ``Σ Cov_p(L_g, L_h)`` per position, scattered onto the active (group, bucket) pairs.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm.auto import tqdm
+
+from saffu._io import SaffuError
+from saffu.configs import ExactConfig
+from saffu.data.windows import range_windows
+from saffu.data.workdir import WorkDir
+from saffu.engine import accounting
+from saffu.engine.explicit import unigram_prior
+from saffu.models.exact import Params, group_rows
+from saffu.ngram.counts import count_rows
+
+HIGHEST = jax.lax.Precision.HIGHEST
+#: Upper bound of a temperature (rarely seen contexts want large ones: μ shrinks them hard).
+BETA_MAX = 10.0
+#: Sparse-row widths tried per group (the one with the fewest bytes is kept).
+ROW_WIDTHS = (4, 8, 16, 32, 64, 128, 256, 512)
+
+
+def complement(ranges: list[tuple[int, int]], begin: int, end: int) -> list[tuple[int, int]]:
+    """The target ranges of ``[begin, end)`` outside the sorted, disjoint ``ranges``."""
+    out, cursor = [], begin
+    for a, b in sorted(ranges):
+        if a > cursor:
+            out.append((cursor, a))
+        cursor = max(cursor, b)
+    if cursor < end:
+        out.append((cursor, end))
+    return out
+
+
+def build_group(rows: np.ndarray, counts: np.ndarray, order: int, prior: np.ndarray, mu: float,
+                buckets: tuple[int, ...]) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+    """The tables of one group from its counted rows.
+
+    Args:
+      rows: ``int32[U, n + 1]`` distinct (context tokens, target) rows, lexicographically sorted.
+      counts: ``int64[U]``.
+      order: ``n``, context tokens per row.
+      prior: ``float64[V]`` unigram ``p``.
+      mu, buckets: see :class:`saffu.configs.ExactConfig`.
+
+    Returns the group's arrays (numpy; see :mod:`saffu.models.exact`) and a summary: contexts,
+    seen pairs, dense contexts, row width ``k`` and megabytes.
+    """
+    V = len(prior)
+    context = rows[:, :order].astype(np.int64)
+    levels = []
+    ids = context[:, 0]                                   # level 1: the token is its id
+    num_ids = V
+    for j in range(1, order):
+        keys = ids * V + context[:, j]                    # < num_ids · V: exact in int64
+        unique, ids = np.unique(keys, return_inverse=True)
+        ids = ids.reshape(-1)
+        parent, token = unique // V, unique % V
+        start = np.searchsorted(parent, np.arange(num_ids + 2)).astype(np.int32)
+        start[-2:] = len(unique)                          # the sentinel parent has no children
+        levels.append({"start": start, "token": token.astype(np.int32)})
+        num_ids = len(unique)
+    C = num_ids
+    n_context = np.bincount(ids, weights=counts, minlength=C)             # n(c)
+    types = np.bincount(ids, minlength=C)                                 # seen targets of c
+    targets = rows[:, order].astype(np.int64)
+    delta = np.log1p(counts / (mu * prior[targets])).astype(np.float32)  # L − const, seen pairs
+    const = np.zeros(C + 1, np.float32)
+    const[:C] = np.log(mu / (n_context + mu))
+    bucket = np.zeros(C + 1, np.int32)
+    bucket[:C] = np.searchsorted(np.asarray(buckets), n_context, side="right")
+    # the row width k that minimises sparse (C·k·8 bytes) plus dense ((#contexts > k)·V·4) storage
+    cost = {k: (C + 1) * k * 8 + int((types > k).sum()) * V * 4 for k in ROW_WIDTHS}
+    k = min(cost, key=cost.get)
+    dense = types > k
+    dense_index = np.full(C + 1, int(dense.sum()), np.int32)
+    dense_index[:C][dense] = np.arange(int(dense.sum()))
+    dense_rows = np.zeros((int(dense.sum()) + 1, V), np.float32)
+    in_dense = dense[ids]
+    dense_rows[dense_index[ids[in_dense]], targets[in_dense]] = delta[in_dense]
+    # sparse rows: rank of each pair within its context (rows are sorted by context id)
+    first_of_context = np.searchsorted(ids, np.arange(C))
+    rank = np.arange(len(ids)) - first_of_context[ids]
+    ell_col = np.full((C + 1, k), V, np.int32)
+    ell_val = np.zeros((C + 1, k), np.float32)
+    sparse = ~in_dense
+    ell_col[ids[sparse], rank[sparse]] = targets[sparse]
+    ell_val[ids[sparse], rank[sparse]] = delta[sparse]
+    group = {"levels": levels, "const": const, "bucket": bucket, "ell_col": ell_col, "ell_val": ell_val,
+             "dense_index": dense_index, "dense_rows": dense_rows}
+    size = sum(a.nbytes for a in jax.tree.leaves(group))
+    return group, {"contexts": int(C), "pairs": int(len(rows)), "dense_contexts": int(dense.sum()),
+                   "row_width": int(k), "megabytes": size / 2**20}
+
+
+def solve_exact(workdir: WorkDir, config: ExactConfig, progress: bool = True) -> tuple[Params, dict[str, Any]]:
+    """Explicit parameters of ``config`` from the training split of ``workdir``.
+
+    Returns the params (see :mod:`saffu.models.exact`) and a report: ``seconds`` and
+    ``seconds_count`` / ``seconds_tables`` / ``seconds_calibration``, ``counted_tokens``,
+    ``holdout_tokens``, ``holdout_loss`` (nats/token at the calibrated ``β``) and
+    ``holdout_loss_beta1``, per group ``group{g}_contexts`` / ``_pairs`` / ``_dense_contexts`` /
+    ``_row_width`` / ``_megabytes``, the temperatures ``beta_{g}_{b}`` and ``peak_rss_mb``.
+    """
+    if config.vocab_size != workdir.vocab_size:
+        raise SaffuError(f"model vocabulary {config.vocab_size} differs from the work directory's "
+                         f"{workdir.vocab_size}; use --vocab-size {workdir.vocab_size}")
+    start = time.perf_counter()
+    split = workdir.train_split
+    stream = workdir.tokens(split)
+    V = config.vocab_size
+    holdout = workdir.sample_documents(split, config.holdout_tokens)[0] if config.holdout_tokens else []
+    if holdout == [(1, len(stream))]:
+        raise SaffuError(f"--holdout-tokens {config.holdout_tokens:,} covers the whole training split; "
+                         f"use fewer")
+    counted = complement(holdout, 1, len(stream))
+    report: dict[str, Any] = {"counted_tokens": sum(b - a for a, b in counted),
+                              "holdout_tokens": sum(b - a for a, b in holdout)}
+    tick = time.perf_counter()
+    label = lambda name: name if progress else None
+    unigram_rows, unigram_counts = count_rows(stream, (), counted, vocab_size=V, chunk_size=config.chunk_size,
+                                              progress=label("unigram"))
+    target_counts = np.zeros(V, np.int64)
+    target_counts[unigram_rows[:, 0]] = unigram_counts
+    prior = unigram_prior(target_counts)
+    counted_rows = [count_rows(stream, offsets, counted, vocab_size=V, chunk_size=config.chunk_size,
+                               progress=label(f"group {offsets}")) for offsets in config.groups]
+    report["seconds_count"] = time.perf_counter() - tick
+    tick = time.perf_counter()
+    groups = []
+    for g, (offsets, (rows, counts)) in enumerate(zip(config.groups, counted_rows)):
+        group, summary = build_group(rows, counts, len(offsets), prior, config.mu, config.buckets)
+        groups.append(group)
+        report.update({f"group{g}_{key}": value for key, value in summary.items()})
+    params = jax.tree.map(jnp.asarray, {"log_prior": np.log(prior).astype(np.float32),
+                                        "beta": np.ones((len(config.groups), config.num_buckets), np.float32),
+                                        "groups": groups})
+    report["seconds_tables"] = time.perf_counter() - tick
+    tick = time.perf_counter()
+    if holdout:
+        beta, loss, loss_beta1, evaluations = calibrate(params, config, stream, holdout, progress)
+        params["beta"] = beta
+        report.update(holdout_loss=loss, holdout_loss_beta1=loss_beta1, calibration_evaluations=evaluations)
+        for g in range(len(config.groups)):
+            for b in range(config.num_buckets):
+                report[f"beta_{g}_{b}"] = float(beta[g, b])
+    report["seconds_calibration"] = time.perf_counter() - tick
+    report["seconds"] = time.perf_counter() - start
+    report.update(accounting.memory_record())
+    return params, report
+
+
+def _newton_terms(params: Params, config: ExactConfig, windows: jax.Array, mask: jax.Array):
+    """Loss, gradient ``float32[G·B]`` and Hessian ``float32[G·B, G·B]`` of the summed NLL of
+    one batch of windows over the temperatures ``params["beta"]``."""
+    context = config.context
+    G, B = len(config.groups), config.num_buckets
+    rows, active = [], []
+    for g, (row, bucket) in enumerate(group_rows(params, config, windows)):
+        rows.append(row)
+        active.append(g * B + bucket)
+    L = jnp.stack(rows, axis=1)                                            # [P, G, V]
+    slot = jnp.stack(active, axis=1)                                       # [P, G]
+    beta = params["beta"].reshape(-1)[slot]                                # [P, G]
+    logits = params["log_prior"][None, :] + jnp.einsum("pg,pgv->pv", beta, L, precision=HIGHEST)
+    log_p = jax.nn.log_softmax(logits, axis=-1)
+    p = jnp.exp(log_p)
+    targets = jnp.pad(windows[:, 1:], ((0, 0), (0, 1))).reshape(-1)       # position p predicts p + 1
+    weight = jnp.zeros(windows.shape, jnp.float32).at[:, context - 1:-1].set(mask).reshape(-1)
+    nll = -jnp.take_along_axis(log_p, targets[:, None], axis=1)[:, 0]
+    picked = jnp.take_along_axis(L, targets[:, None, None], axis=2)[..., 0]  # [P, G]
+    mean = jnp.einsum("pv,pgv->pg", p, L, precision=HIGHEST)
+    second = jnp.einsum("pgv,phv->pgh", p[:, None, :] * L, L, precision=HIGHEST)
+    cov = second - mean[:, :, None] * mean[:, None, :]
+    onehot = jax.nn.one_hot(slot, G * B) * weight[:, None, None]          # [P, G, G·B]
+    grad = jnp.einsum("pg,pga->a", mean - picked, onehot)
+    hess = jnp.einsum("pgh,pga,phb->ab", cov, onehot, jax.nn.one_hot(slot, G * B))
+    return jnp.sum(weight * nll), grad, hess, jnp.sum(weight)
+
+
+def calibrate(params: Params, config: ExactConfig, stream: np.ndarray, ranges: list[tuple[int, int]],
+              progress: bool = True, seq_len: int = 128, batch_size: int = 4):
+    """Newton's method on ``β[g, bucket]`` over the targets of ``ranges`` (convex).
+
+    Returns ``(β float32[G, B], holdout loss at β, holdout loss at β = 1, evaluations)``;
+    buckets no held-out context fell in keep ``β = 1`` (a small ridge keeps the step defined).
+    """
+    batches = [(jnp.asarray(w), jnp.asarray(m)) for w, m in range_windows(stream, ranges, config.context, seq_len,
+                                                                          batch_size)]
+    step = jax.jit(_newton_terms, static_argnums=1)
+    G, B = params["beta"].shape
+    beta = np.ones(G * B)
+    loss_beta1, evaluations, loss = None, 0, np.nan
+    for _ in tqdm(range(config.calibration_iterations), desc="calibrate", disable=not progress, leave=False):
+        current = {**params, "beta": jnp.asarray(beta.reshape(G, B), jnp.float32)}
+        total, grad, hess, count = 0.0, np.zeros(G * B), np.zeros((G * B, G * B)), 0.0
+        for windows, mask in batches:
+            l, gr, h, c = step(current, config, windows, mask)
+            total, grad, hess, count = total + float(l), grad + np.asarray(gr, np.float64), \
+                hess + np.asarray(h, np.float64), count + float(c)
+        evaluations += 1
+        loss = total / count
+        loss_beta1 = loss if loss_beta1 is None else loss_beta1
+        new_beta = np.clip(beta - np.linalg.solve(hess + 1e-6 * count * np.eye(G * B), grad), 0.0, BETA_MAX)
+        converged = np.abs(new_beta - beta).max() < 1e-2
+        beta = new_beta
+        if converged:     # the loss changes by O(step²): the last evaluation stands for the final β
+            break
+    return jnp.asarray(beta.reshape(G, B), jnp.float32), float(loss), float(loss_beta1), evaluations

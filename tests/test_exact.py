@@ -1,0 +1,124 @@
+"""The token-resolution explicit model: sparse tables against the dense float64 formula, the
+context search, mergeable exact counts, calibration."""
+
+from collections import Counter
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from saffu import SaffuError
+from saffu.configs import ExactConfig
+from saffu.data.tokenizer import EOD_ID, PAD_ID
+from saffu.engine.distributed import document_shard
+from saffu.models.exact import context_ids, exact_logits
+from saffu.ngram.counts import count_rows, merge_rows
+from saffu.solve.exact import build_group, complement, solve_exact
+
+
+def in_document_context(stream, head, offsets):
+    """Plain loops: the tokens at ``offsets`` before ``head`` in its document, else <pad>."""
+    out = []
+    for delta in offsets:
+        j = head - delta
+        visible = j >= 0 and not any(stream[i] == EOD_ID for i in range(j + 1, head + 1))
+        out.append(int(stream[j]) if visible else PAD_ID)
+    return tuple(out)
+
+
+def test_sparse_model_equals_the_dense_float64_formula(tiny_workdir):
+    V = tiny_workdir.vocab_size
+    config = ExactConfig(vocab_size=V, groups=((0,), (2,), (0, 1)), buckets=(3, 10), holdout_tokens=200, mu=5.0)
+    params, report = solve_exact(tiny_workdir, config, progress=False)
+    assert report["holdout_loss"] < report["holdout_loss_beta1"]
+    stream = np.asarray(tiny_workdir.tokens("train_10M"))
+    holdout = tiny_workdir.sample_documents("train_10M", 200)[0]
+    counted = complement(holdout, 1, len(stream))
+    unigram, pairs = Counter(), [Counter() for _ in config.groups]
+    for a, b in counted:
+        for t in range(a, b):
+            unigram[int(stream[t])] += 1
+            for g, offsets in enumerate(config.groups):
+                pairs[g][(in_document_context(stream, t - 1, offsets), int(stream[t]))] += 1
+    n = np.array([unigram[v] for v in range(V)], np.float64)
+    prior = (n + 1) / (n.sum() + V)
+    dev = np.asarray(tiny_workdir.tokens("dev"))[:50]
+    beta = np.asarray(params["beta"], np.float64)
+    reference = np.tile(np.log(prior), (len(dev), 1))
+    for g, offsets in enumerate(config.groups):
+        context_count = Counter()
+        for (c, _), count in pairs[g].items():
+            context_count[c] += count
+        for p in range(len(dev)):
+            c = in_document_context(dev, p, offsets)
+            seen = np.array([pairs[g].get((c, y), 0) for y in range(V)], np.float64)
+            conditional = (seen + config.mu * prior) / (context_count[c] + config.mu)
+            bucket = np.searchsorted(config.buckets, context_count[c], side="right")
+            reference[p] += beta[g, bucket] * (np.log(conditional) - np.log(prior))
+    got = np.asarray(exact_logits(params, config, jnp.asarray(dev[None].astype(np.int32))))[0]
+    np.testing.assert_allclose(got, reference, atol=1e-5)            # float32 tables vs float64
+
+
+def test_context_search_finds_counted_contexts_and_only_those():
+    rng = np.random.default_rng(0)
+    V = 50
+    rows = np.unique(rng.integers(0, V, (400, 4)), axis=0).astype(np.int32)   # 3 context tokens + target
+    counts = rng.integers(1, 5, len(rows)).astype(np.int64)
+    prior = np.full(V, 1.0 / V)
+    group, summary = build_group(rows, counts, 3, prior, 10.0, (2,))
+    group = jax.tree.map(jnp.asarray, group)
+    contexts = np.unique(rows[:, :3], axis=0)
+    assert summary["contexts"] == len(contexts)
+    ids = np.asarray(context_ids(group, jnp.asarray(contexts), V))
+    np.testing.assert_array_equal(ids, np.arange(len(contexts)))             # lexicographic ids
+    unseen = rng.integers(0, V, (300, 3)).astype(np.int32)
+    known = {tuple(c) for c in contexts}
+    unseen = unseen[[tuple(c) not in known for c in unseen]]
+    assert (np.asarray(context_ids(group, jnp.asarray(unseen), V)) == len(contexts)).all()
+
+
+@pytest.mark.parametrize("columns", [(), (0,), (3,), (0, 1, 2)])
+def test_counts_of_two_document_shards_merge_to_one_pass(tiny_workdir, columns):
+    """What each of two processes counts on its document shard, merged, is the one-process count."""
+    stream = tiny_workdir.tokens("train_10M")
+    V = tiny_workdir.vocab_size
+    whole = count_rows(stream, columns, [(1, len(stream))], vocab_size=V, chunk_size=97)
+    shards = [count_rows(stream, columns, [document_shard(stream, i, 2, 1, len(stream))], vocab_size=V,
+                         chunk_size=64) for i in range(2)]
+    merged = merge_rows(shards, V)
+    np.testing.assert_array_equal(merged[0], whole[0])
+    np.testing.assert_array_equal(merged[1], whole[1])
+    assert whole[1].sum() == len(stream) - 1
+
+
+def test_one_bucket_gives_one_temperature_per_group_at_the_holdout_optimum(tiny_workdir):
+    V = tiny_workdir.vocab_size
+    config = ExactConfig(vocab_size=V, groups=((0,), (1,)), buckets=(), holdout_tokens=300, mu=5.0)
+    params, _ = solve_exact(tiny_workdir, config, progress=False)
+    assert params["beta"].shape == (2, 1)
+    stream = np.asarray(tiny_workdir.tokens("train_10M"))
+    holdout = tiny_workdir.sample_documents("train_10M", 300)[0]
+    targets = np.concatenate([np.arange(a, b) for a, b in holdout])
+
+    def holdout_loss(beta):
+        logits = np.asarray(exact_logits({**params, "beta": jnp.asarray(beta, jnp.float32)}, config,
+                                          jnp.asarray(stream[None].astype(np.int32))), np.float64)[0]
+        log_p = logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)
+        return -log_p[targets - 1, stream[targets]].mean()
+
+    best = holdout_loss(np.asarray(params["beta"]))
+    for g in range(2):
+        for step in (-0.05, 0.05):
+            moved = np.asarray(params["beta"]).copy()
+            moved[g, 0] += step
+            assert holdout_loss(moved) >= best - 1e-5
+
+
+def test_bad_exact_configs_are_clear_errors():
+    with pytest.raises(SaffuError, match="offsets"):
+        ExactConfig(vocab_size=10, groups=((0, 0),))
+    with pytest.raises(SaffuError, match="bucket"):
+        ExactConfig(vocab_size=10, buckets=(10, 3))
+    with pytest.raises(SaffuError, match="mu"):
+        ExactConfig(vocab_size=10, mu=0.0)
