@@ -4,10 +4,14 @@ One short script for a machine with an accelerator, that also runs on a CPU (wit
 subset) so its figures can serve as the reference:
 
     python experiments/device_check.py --workdir runs/babylm --train-tokens 200000 --steps 20 \\
-        --out runs/device_check_cpu
+        --batch-size 8 --eval-windows 64 --holdout-tokens 4096 --out runs/device_check_cpu
     python experiments/device_check.py --workdir runs/babylm --train-tokens 200000 --steps 20 \\
-        --out runs/device_check_gpu --reference runs/device_check_cpu/device_check.json \\
-        [--metrics-json m.json]
+        --batch-size 8 --eval-windows 64 --holdout-tokens 4096 --out runs/device_check_gpu \\
+        --reference runs/device_check_cpu/device_check.json [--metrics-json m.json]
+
+(about 3 minutes on 2 CPU cores; without ``--train-tokens`` and with the default training
+sizes it measures at full size, for an accelerator). See docs/reliability.md, "Running on an
+accelerator".
 
 It measures and prints:
 

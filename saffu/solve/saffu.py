@@ -58,6 +58,31 @@ def _block_windows_for_targets(solved: Params, config: SaffuConfig, block: int, 
     return X[context - 1:-1]
 
 
+def _sparse_codes(config: SaffuConfig) -> dict[str, np.ndarray]:
+    """Block 0's rows in sparse form: token ``v``'s cipher code (no background) has the value
+    ``code_vals[v, i]`` (``1/level``, or 0 for an unused slot) at coordinate ``code_bits[v, i]``,
+    ``i < L``; the ``<pad>`` code included."""
+    sparse = sparse_bit_cipher(config.vocab_size, config.bits)
+    return {"code_bits": np.maximum(sparse.bit_index, 0).astype(np.int32),
+            "code_vals": np.where(sparse.bit_index >= 0, 1.0 / sparse.level[:, None], 0.0).astype(np.float32)}
+
+
+def _sparse_windows(batch: Batch, ctx, radius: int) -> tuple[jax.Array, jax.Array]:
+    """Block 0's windows ``X [C, radius, K]`` in sparse form, from the batch's token contexts:
+    ``bits int32[C, radius, L]`` and ``vals float32[C, radius, L]``, dense-equivalent to
+    :func:`_block_windows_for_targets` (whose ``<pad>`` rows are the ``<pad>`` code, as are
+    ``batch.context``'s)."""
+    context = batch.context[:, :radius]
+    return ctx["code_bits"][context], ctx["code_vals"][context]
+
+
+def _sparse_similarity(bits: jax.Array, vals: jax.Array) -> jax.Array:
+    """``X[m] · X[0]`` for every row of sparse windows (:func:`_sparse_windows`), ``[C, m]``:
+    the products of the values on the coordinates two rows share."""
+    shared = (bits[:, :, :, None] == bits[:, None, 0, None, :]).astype(jnp.float32)   # [C, m, L, L]
+    return jnp.einsum("cmi,cj,cmij->cm", vals, vals[:, 0], shared)
+
+
 def solve_explicit(workdir: WorkDir, config: SaffuConfig, solver: SolverConfig = SolverConfig(),
                    mesh=None, progress: bool = True) -> tuple[Params, dict[str, Any]]:
     """Explicit parameters of ``config`` from the training split of ``workdir``.
@@ -148,13 +173,21 @@ def _solve(workdir, config, solver, mesh, progress):
         # target-major copy: a target's M·K entries are one contiguous row for the gather
         log_positional_by_target = np.ascontiguousarray(log_positional.transpose(2, 0, 1))  # [V, M, K]
 
-        # Stage 2: attention, every head in one pass.
+        # Stage 2: attention, every head in one pass. Block 0's rows are sparse cipher codes
+        # (1–2 non-zeros of K): their non-zeros are gathered instead of building dense windows.
         def responsibilities(batch, ctx, radius):
+            if index == 0:
+                bits, vals = _sparse_windows(batch, ctx, radius)                   # [C, m, L]
+                cell = (batch.targets[:, None, None] * M + jnp.arange(radius)[None, :, None]) * K + bits
+                picked = ctx["log_positional_by_target"].reshape(-1)[cell]         # [C, m, L]
+                return jax.nn.softmax(jnp.sum(vals * picked, axis=-1), axis=-1)
             X = windows_of(batch, ctx)[:, :radius]                                  # [C, m, K]
             picked = ctx["log_positional_by_target"][batch.targets, :radius]        # [C, m, K]
             return jax.nn.softmax(jnp.einsum("cmk,cmk->cm", X, picked), axis=-1)
 
         def similarity(batch, ctx, radius):
+            if index == 0:
+                return _sparse_similarity(*_sparse_windows(batch, ctx, radius))
             X = windows_of(batch, ctx)
             return jnp.einsum("cmk,ck->cm", X[:, :radius], X[:, 0])
 
@@ -164,8 +197,10 @@ def _solve(workdir, config, solver, mesh, progress):
             heads[f"attention_{h}"] = feature_target(
                 lambda b, ctx, r=r: similarity(b, ctx, r), r, r, config.context,
                 target_fn=lambda b, ctx, r=r: responsibilities(b, ctx, r))
+        sparse_codes = _sparse_codes(config) if index == 0 else {}
         attention_stats = run(heads, f"{tag}_attention",
-                              {"solved": solved, "log_positional_by_target": log_positional_by_target})
+                              {"solved": solved, "log_positional_by_target": log_positional_by_target,
+                               **sparse_codes})
         block = {name: np.log(conditional_probabilities(attention_stats[name], Smoothing("additive", alpha=1e-3)))
                  .astype(np.float32) for name in heads}
 
@@ -173,11 +208,26 @@ def _solve(workdir, config, solver, mesh, progress):
             X = windows_of(batch, ctx)
             return X, attention_values(ctx["block"], config, X)
 
+        def sparse_values(batch, ctx):
+            """Block 0's linear values ``u_h = Σ_m a_m X[m]``, scattered from the sparse rows (no
+            dense windows; the direct form's value pass reads only the values)."""
+            values = []
+            for h in range(config.heads):
+                bits, vals = _sparse_windows(batch, ctx, config.head_radius(h))
+                attention = jax.nn.softmax(_sparse_similarity(bits, vals) @ ctx["block"][f"attention_{h}"], axis=-1)
+                rows = jnp.arange(bits.shape[0])[:, None, None]
+                values.append(jnp.zeros((bits.shape[0], K)).at[rows, bits].add(attention[:, :, None] * vals))
+            return values
+
         # Stage 3: output layer(s).
         context = {"solved": solved, "block": dict(block)}
         if config.hidden == 0:
-            value_accs = {f"value_{h}": feature_target(lambda b, ctx, h=h: values_of(b, ctx)[1][h], K, V,
-                                                       config.context)
+            if index == 0 and config.value_form == "linear":
+                value_of = lambda b, ctx, h: sparse_values(b, ctx)[h]
+                context.update(sparse_codes)
+            else:
+                value_of = lambda b, ctx, h: values_of(b, ctx)[1][h]
+            value_accs = {f"value_{h}": feature_target(lambda b, ctx, h=h: value_of(b, ctx, h), K, V, config.context)
                           for h in range(config.heads)}
             value_stats = run(value_accs, f"{tag}_values", context)
             group_stats = [offsets[d] for d in range(config.positions)] + [value_stats[f"value_{h}"]
@@ -244,7 +294,7 @@ def _calibrate(solved, block, index, config, stream, counted_end, solver):
     masks = jnp.asarray(np.stack([m for _, m in batches]))
     count = float(masks.sum())
     if config.hidden == 0:
-        return _newton_direct(solved, block, index, truncated, windows, masks, count, solver)
+        return _newton_direct(solved, block, index, truncated, windows, masks, solver)
 
     @jax.jit
     def loss_and_grad(temperatures, solved, block, windows, masks):
@@ -263,57 +313,105 @@ def _calibrate(solved, block, index, config, stream, counted_end, solver):
     return jnp.asarray(result.x, jnp.float32), float(result.fun), int(result.nfev)
 
 
-def _newton_direct(solved, block, index, config, windows, masks, count, solver):
+def _newton_direct(solved, block, index, config, windows, masks, solver, rows: int = 64, parts: int = 8):
     """Newton steps on ``β`` for ``logits = b + Σ_g β_g L_g``: gradient ``Σ E_p[L_g] − L_g[y]``,
     Hessian ``Σ Cov_p(L_g, L_h)`` (positive semi-definite), both in one pass per step.
 
-    The Hessian is ``E[L Lᵀ] − E[L] E[L]ᵀ``, a difference of nearly equal terms, so its matmuls
-    run at full float32 precision on every backend (``Precision.HIGHEST``: no TF32 / bf16
-    passes on GPUs and TPUs)."""
-    context = config.context
+    The group logits ``L_g = groups_g W_g`` do not depend on ``β``, so they are computed once,
+    before the steps: one row per *distinct* feature row of each group (the position groups of
+    block 0 are cipher codes, so a few thousand distinct rows for the whole holdout), kept as
+    a table ``[U_g, V]`` and an index ``[N]`` into it. A step then streams the tables ``rows``
+    targets at a time (small enough that its intermediates stay in cache), doing only the
+    softmax and the moments. The steps start from β found on one of ``parts`` interleaved
+    slices of the holdout, so most steps cost a fraction of a full pass.
+
+    Returns ``β``, the mean holdout NLL and the evaluations in whole-holdout equivalents.
+    """
+    context, G = config.context, config.groups
     pad = cipher_table(config)[PAD_ID]
 
+    def group_features(w, solved, block):  # weights as arguments, never constants
+        sequence, visible = block_inputs(solved, config, w, index)
+        X = block_windows(sequence, visible, pad)[:, context - 1:-1]           # [B, T, M, K]
+        return output_groups(config, X, attention_values(block, config, X))      # [B, T, G, K]
+
+    compiled = jax.jit(group_features).lower(windows[0], solved, block).compile()
+    accounting.record("calibration", compiled, len(windows))
+    features = np.concatenate([np.asarray(compiled(w, solved, block)).reshape(-1, G, config.dim) for w in windows])
+
+    def project(rows_, weights):  # full float32 precision on every backend (no TF32 / bf16 passes)
+        matmul = lambda a, b: jnp.matmul(a, b, precision=HIGHEST)
+        compiled = jax.jit(matmul).lower(rows_, weights).compile()
+        accounting.record("calibration", compiled, 1)
+        return compiled(rows_, weights)
+
+    tables, index_of = [], []
+    for g in range(G):
+        group = np.ascontiguousarray(features[:, g])
+        as_bytes = group.view(np.dtype((np.void, group.shape[1] * group.itemsize)))[:, 0]   # exact row equality
+        _, first, inverse = np.unique(as_bytes, return_index=True, return_inverse=True)
+        tables.append(project(jnp.asarray(group[first]), block["group_weights"][g]))   # [U_g, V]
+        index_of.append(inverse.reshape(-1))
+    num = features.shape[0]
+    padded = -(-num // (rows * parts)) * rows * parts                             # pads weigh 0
+    # part p holds chunks p, p + parts, …: interleaved slices of the holdout, one compiled shape
+    split = lambda a: np.pad(a, (0, padded - num)).reshape(-1, parts, rows).swapaxes(0, 1)   # [parts, n, rows]
+    index_of = np.stack([split(i.astype(np.int32)) for i in index_of], axis=2)     # [parts, n, G, rows]
+    targets = split(np.asarray(windows[:, :, context:]).reshape(-1).astype(np.int32))
+    weights = split(np.asarray(masks).reshape(-1).astype(np.float32))
+    part_data = [tuple(jnp.asarray(a[p]) for a in (index_of, targets, weights)) for p in range(parts)]
+
     @jax.jit
-    def loss_gradient_hessian(beta, solved, block, windows, masks):
-        def one(carry, batch):
-            w, m = batch
-            sequence, visible = block_inputs(solved, config, w, index)
-            X = block_windows(sequence, visible, pad)[:, context - 1:-1]           # [B, T, M, K]
-            groups = output_groups(config, X, attention_values(block, config, X))    # [B, T, G, K]
-            L = jnp.einsum("btgk,gkv->btgv", groups, block["group_weights"], precision=HIGHEST)
-            logits = jnp.einsum("g,btgv->btv", beta, L) + block["output_bias"][None, None, :]
-            log_p = jax.nn.log_softmax(logits, axis=-1)
-            p = jnp.exp(log_p)
-            y = w[:, context:]
-            picked = jnp.take_along_axis(L, y[:, :, None, None], axis=-1)[..., 0]    # [B, T, G]
-            mean = jnp.einsum("btv,btgv->btg", p, L, precision=HIGHEST)
-            second = jnp.einsum("btgv,bthv->btgh", p[:, :, None, :] * L, L, precision=HIGHEST)
-            nll = -jnp.take_along_axis(log_p, y[..., None], axis=-1)[..., 0]
-            weight = m.astype(jnp.float32)
+    def loss_gradient_hessian(beta, bias, tables, index_of, targets, weights):
+        def one(carry, chunk):
+            idx, y, weight = chunk
+            L = [tables[g][idx[g]] for g in range(G)]                             # G × [rows, V]
+            logits = sum(beta[g] * L[g] for g in range(G)) + bias[None, :]
+            shift = jnp.max(logits, axis=-1)
+            e = jnp.exp(logits - shift[:, None])                                   # unnormalised p
+            Z = jnp.sum(e, axis=-1)
+            picked = jnp.stack([jnp.take_along_axis(L[g], y[:, None], axis=-1)[:, 0] for g in range(G)], axis=-1)
+            mean = jnp.stack([jnp.sum(e * L[g], axis=-1) for g in range(G)], axis=-1) / Z[:, None]
+            pair = {(g, h): jnp.sum(e * L[g] * L[h], axis=-1) / Z for g in range(G) for h in range(g, G)}
+            second = jnp.stack([jnp.stack([pair[min(g, h), max(g, h)] for h in range(G)], axis=-1)
+                                for g in range(G)], axis=-2)                         # [rows, G, G]
+            nll = jnp.log(Z) + shift - picked @ beta - bias[y]
             loss, grad, hess = carry
             return (loss + jnp.sum(weight * nll),
-                    grad + jnp.einsum("bt,btg->g", weight, mean - picked),
-                    hess + jnp.einsum("bt,btgh->gh", weight, second - mean[..., :, None] * mean[..., None, :])), None
+                    grad + weight @ (mean - picked),
+                    hess + jnp.einsum("r,rgh->gh", weight, second - mean[:, :, None] * mean[:, None, :])), None
 
-        G = config.groups
         init = (jnp.zeros(()), jnp.zeros((G,)), jnp.zeros((G, G)))
-        return jax.lax.scan(one, init, (windows, masks))[0]
+        return jax.lax.scan(one, init, (index_of, targets, weights))[0]
 
-    beta = np.ones(config.groups)
-    arguments = (solved, block, windows, masks)      # weights and data are arguments, not constants
-    compiled = loss_gradient_hessian.lower(jnp.asarray(beta, jnp.float32), *arguments).compile()
-    evaluations = 0
-    for _ in range(solver.calibration_iterations):
-        loss, grad, hess = (np.asarray(x, np.float64) for x in compiled(jnp.asarray(beta, jnp.float32), *arguments))
-        evaluations += 1
-        step = np.linalg.solve(hess + 1e-6 * count * np.eye(len(beta)), grad)
-        new_beta = np.clip(beta - step, 0.0, 5.0)
-        converged = np.abs(new_beta - beta).max() < 1e-3
-        beta = new_beta
-        if converged:  # the loss changes by O(step²): the last evaluation stands for the final β
-            break
-    accounting.record("calibration", compiled, evaluations)
-    return jnp.asarray(beta, jnp.float32), float(loss) / count, evaluations
+    compiled = loss_gradient_hessian.lower(jnp.ones(G, jnp.float32), block["output_bias"], tables,
+                                           *part_data[0]).compile()
+    calls = 0
+
+    def newton(beta, used):
+        """Newton steps from ``beta`` on the parts ``used``; returns β and the mean NLL at the
+        last evaluation (the loss changes by O(step²) in the last step)."""
+        nonlocal calls
+        total = float(weights[used].sum())
+        for _ in range(solver.calibration_iterations):
+            results = [compiled(jnp.asarray(beta, jnp.float32), block["output_bias"], tables, *part_data[p])
+                       for p in used]
+            loss, grad, hess = (sum(np.asarray(r[i], np.float64) for r in results) for i in range(3))
+            calls += len(used)
+            step = np.linalg.solve(hess + 1e-6 * total * np.eye(G), grad)
+            new_beta = np.clip(beta - step, 0.0, 5.0)
+            converged = np.abs(new_beta - beta).max() < 1e-3
+            beta = new_beta
+            if converged:
+                break
+        return beta, float(loss) / total
+
+    # Warm start on one part (1/parts of the cost per step), then the same Newton steps on the
+    # whole holdout from there: the optimum (the result) is the whole holdout's, in fewer full steps.
+    beta, _ = newton(np.ones(G), [0])
+    beta, loss = newton(beta, list(range(parts)))
+    accounting.record("calibration", compiled, calls)
+    return jnp.asarray(beta, jnp.float32), loss, calls / parts
 
 
 def _check_structure(solved: Params, template: Params) -> None:
