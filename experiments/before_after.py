@@ -40,10 +40,11 @@ def worktree(rev: str, into: Path) -> Path:
 
 
 def saffu(tree: Path, *argv: str) -> float:
-    """Run ``python -m saffu ARGV`` from ``tree``; returns the wall seconds."""
+    """Run ``python -m saffu ARGV`` in ``tree`` (``-m`` puts the working directory first on the
+    import path, so that tree's package is the one imported); returns the wall seconds."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "saffu", *argv], env=env, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "saffu", *argv], env=env, cwd=tree, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{tree.name}: saffu {' '.join(argv)} failed:\n{done.stderr[-2000:]}")
     return time.perf_counter() - start
