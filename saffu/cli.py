@@ -281,6 +281,36 @@ def cmd_fit(args) -> dict:
     return metrics
 
 
+def _exact_groups(text: str) -> tuple[tuple[int, ...], ...]:
+    """``"0 1 0,1"`` -> ``((0,), (1,), (0, 1))`` (argparse type of ``--groups``)."""
+    try:
+        return tuple(tuple(int(x) for x in group.split(",")) for group in text.split())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--groups takes space-separated groups of comma-separated offsets, "
+                                         f"e.g. \"0 1 0,1\"; got {text!r}") from None
+
+
+def cmd_exact(args) -> dict:
+    """Explicit token-resolution model (exact context groups) -> run directory."""
+    from saffu.data.workdir import open_workdir
+    from saffu.solve.exact import solve_exact
+    from saffu.training.checkpoints import save_explicit, save_run_config
+
+    workdir = open_workdir(args.workdir)
+    config = configs.ExactConfig(vocab_size=workdir.vocab_size, groups=args.groups, mu=args.mu,
+                                 buckets=tuple(args.buckets), holdout_tokens=args.holdout_tokens,
+                                 chunk_size=args.chunk_size)
+    _say(args, f"solving {len(config.groups)} exact groups {' '.join(','.join(map(str, g)) for g in config.groups)} "
+               f"with {config.num_buckets} count buckets each")
+    params, report = solve_exact(workdir, config, progress=not args.quiet)
+    Path(args.run).mkdir(parents=True, exist_ok=True)
+    save_run_config(args.run, config, workdir)
+    save_explicit(args.run, params)
+    metrics = {**report, **_score_splits(params, config, workdir, args)}
+    _print_metrics(f"explicit token-resolution model on {workdir.meta['corpus']} -> {args.run}", metrics)
+    return metrics
+
+
 def cmd_train(args) -> dict:
     """Backprop from the explicit solution (warm) or from random init (cold)."""
     import jax
@@ -296,10 +326,16 @@ def cmd_train(args) -> dict:
         if args.model == "transformer":
             raise SaffuError("a transformer has no explicit solution; use --init random")
         config = _check_vocabulary(load_run_config(run), workdir, run)
+        if config.kind == "exact":
+            raise SaffuError(f"{run} holds the exact token-resolution model, whose sparse tables are not trained; "
+                             f"score it with `saffu eval` / `saffu blimp`")
         params = load_explicit(run, config)
     else:
         config = (_check_vocabulary(load_run_config(run), workdir, run) if (run / "config.json").exists()
                   else _model_config(args, workdir.vocab_size))
+        if config.kind == "exact":
+            raise SaffuError(f"{run} holds the exact token-resolution model, which has no random init; use a new "
+                             f"--run directory")
         if config.kind == "saffu":
             workdir.check_radius(config.radius)
         run.mkdir(parents=True, exist_ok=True)
@@ -542,6 +578,25 @@ def build_parser() -> argparse.ArgumentParser:
     solver = configs.SolverConfig
     _add_model_flags(p, solver.smoothing, solver.holdout_tokens, solver.chunk_size,
                      "every SAFFU stage's conditional distributions")
+    _add_eval_flags(p)
+    _add_common(p)
+
+    exact = configs.ExactConfig
+    p = command("exact", "explicit token-resolution model -> run directory (no backprop)",
+                "Count exact-token context groups (offsets and conjunctions), solve their log-likelihood-"
+                "ratio tables with temperatures per group and context-count bucket on held-out training "
+                "documents, save to --run and score every non-training split.", cmd_exact)
+    p.add_argument("--workdir", type=Path, required=True, help="work directory of `saffu prepare`")
+    p.add_argument("--run", type=Path, required=True, help="run directory to create")
+    p.add_argument("--groups", type=_exact_groups, default=exact.groups,
+                   help='context offsets per group, space-separated, e.g. "0 1 2 3 0,1 0,1,2" (0 = the '
+                        'previous token; "0,1" = the previous two tokens together)')
+    p.add_argument("--mu", type=float, default=exact.mu, help="Dirichlet strength of every group")
+    p.add_argument("--buckets", type=int, nargs="*", default=list(exact.buckets),
+                   help="context-count bucket edges; each group has a temperature per bucket (none: one)")
+    p.add_argument("--holdout-tokens", type=int, default=exact.holdout_tokens,
+                   help="whole training documents kept out of the counts for the temperatures")
+    p.add_argument("--chunk-size", type=int, default=exact.chunk_size, help="targets per counting step")
     _add_eval_flags(p)
     _add_common(p)
 

@@ -326,7 +326,7 @@ class ExactConfig:
     mu: float = 100.0
     buckets: tuple[int, ...] = (3, 10, 30, 100, 1000, 10000)
     holdout_tokens: int = 32_768
-    calibration_iterations: int = 12
+    calibration_iterations: int = 10
     chunk_size: int = 1 << 16
     kind: str = "exact"
 

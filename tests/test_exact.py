@@ -122,3 +122,30 @@ def test_bad_exact_configs_are_clear_errors():
         ExactConfig(vocab_size=10, buckets=(10, 3))
     with pytest.raises(SaffuError, match="mu"):
         ExactConfig(vocab_size=10, mu=0.0)
+
+
+def test_cli_solves_saves_scores_and_refuses_to_train_an_exact_model(tiny_workdir, tmp_path, capsys):
+    from saffu.cli import main
+    import json
+    run, metrics = tmp_path / "exact", tmp_path / "m.json"
+    args = ["--workdir", str(tiny_workdir.path), "--run", str(run)]
+    assert main(["exact", *args, "--groups", "0 1 0,1", "--buckets", "3", "--holdout-tokens", "200", "--quiet",
+                 "--metrics-json", str(metrics)]) == 0
+    solved = json.loads(metrics.read_text())
+    assert solved["holdout_loss"] < solved["holdout_loss_beta1"] and np.isfinite(solved["dev_bpb"])
+    assert solved["group2_contexts"] > 0 and "beta_2_1" in solved
+    assert main(["eval", *args, "--quiet", "--metrics-json", str(metrics)]) == 0
+    assert json.loads(metrics.read_text())["dev_bpb"] == pytest.approx(solved["dev_bpb"], rel=1e-6)
+    blimp = tmp_path / "blimp"
+    blimp.mkdir()
+    (blimp / "p.jsonl").write_text(json.dumps({"sentence_good": "the cat sat on the mat .",
+                                               "sentence_bad": "the cat mat on the sat .", "field": "syntax",
+                                               "UID": "p"}) + "\n")
+    assert main(["blimp", *args, "--blimp", str(blimp), "--quiet", "--metrics-json", str(metrics)]) == 0
+    assert json.loads(metrics.read_text())["blimp_accuracy"] == 1.0
+    capsys.readouterr()
+    assert main(["train", *args, "--init", "explicit", "--quiet"]) == 2
+    assert "not trained" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["exact", *args, "--groups", "0 x"])
+    assert "comma-separated offsets" in capsys.readouterr().err

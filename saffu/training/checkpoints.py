@@ -18,7 +18,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from saffu._io import SaffuError, atomic_write_json
-from saffu.configs import SaffuConfig, TransformerConfig
+from saffu.configs import ExactConfig, SaffuConfig, TransformerConfig
 from saffu.data.workdir import WorkDir
 
 
@@ -39,12 +39,14 @@ def save_run_config(run_dir: str | Path, config: SaffuConfig, workdir: WorkDir) 
 
 
 def model_config(fields: dict):
-    """A model config from its ``dataclasses.asdict`` form: :class:`SaffuConfig` or, with
-    ``kind = "transformer"``, :class:`saffu.configs.TransformerConfig`."""
-    kinds = {"saffu": SaffuConfig, "transformer": TransformerConfig}
+    """A model config from its ``dataclasses.asdict`` form: :class:`SaffuConfig`, or by ``kind``
+    :class:`saffu.configs.TransformerConfig` or :class:`saffu.configs.ExactConfig`."""
+    kinds = {"saffu": SaffuConfig, "transformer": TransformerConfig, "exact": ExactConfig}
     kind = fields.get("kind", "saffu")
     if kind not in kinds:
         raise SaffuError(f"unknown model kind {kind!r}; this saffu knows {', '.join(kinds)}")
+    if kind == "exact":     # JSON lists back to the hashable tuples of the config
+        fields = {**fields, "groups": tuple(tuple(g) for g in fields["groups"]), "buckets": tuple(fields["buckets"])}
     return kinds[kind](**fields)
 
 
@@ -67,26 +69,31 @@ def save_explicit(run_dir: str | Path, params: Params) -> None:
         checkpointer.save(path, params, force=True)
 
 
-def load_explicit(run_dir: str | Path, config: SaffuConfig) -> Params:
+def load_explicit(run_dir: str | Path, config) -> Params:
+    """The explicit solution saved in ``run_dir/explicit``: for SAFFU in the structure and shapes
+    of :func:`saffu.models.saffu.init_params`; for the exact model as saved (its table sizes come
+    from the data)."""
     path = (Path(run_dir) / "explicit").resolve()
-    if config.kind != "saffu":
+    if config.kind not in ("saffu", "exact"):
         raise SaffuError(f"{run_dir} holds a {config.kind}, which has no explicit solution; it has no "
                          f"checkpoint yet: train it with `saffu train --run {run_dir}`")
     if not path.exists():
-        raise SaffuError(f"{run_dir} has no explicit solution; run `saffu fit --run {run_dir}` first")
-    template = jax.eval_shape(lambda: config.init(jax.random.key(0)))
+        command = "saffu exact" if config.kind == "exact" else "saffu fit"
+        raise SaffuError(f"{run_dir} has no explicit solution; run `{command} --run {run_dir}` first")
     try:
         with ocp.StandardCheckpointer() as checkpointer:
             restored = checkpointer.restore(path)
     except Exception as err:  # orbax raises several types for damaged checkpoints
-        raise SaffuError(f"cannot read {path} ({type(err).__name__}); run `saffu fit` again") from None
-    return retype(restored, template)
+        raise SaffuError(f"cannot read {path} ({type(err).__name__}); solve the run again") from None
+    if config.kind == "exact":
+        return jax.tree.map(jnp.asarray, restored)
+    return retype(restored, jax.eval_shape(lambda: config.init(jax.random.key(0))))
 
 
-def load_params(run_dir: str | Path, config: SaffuConfig, which: str = "latest") -> tuple[Params, str]:
+def load_params(run_dir: str | Path, config, which: str = "latest") -> tuple[Params, str]:
     """``which="latest"``: the last training checkpoint, else the explicit solution;
     ``which="explicit"``: the explicit solution. Returns the params and what was loaded."""
-    if which == "latest":
+    if which == "latest" and hasattr(config, "init"):
         template = jax.eval_shape(lambda: config.init(jax.random.key(0)))
         latest = load_latest_params(run_dir, template)
         if latest is not None:
