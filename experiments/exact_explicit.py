@@ -47,6 +47,8 @@ def main(argv=None):
     parser.add_argument("--mu", type=float, default=default.mu, help="Dirichlet strength of every group")
     parser.add_argument("--buckets", type=int, nargs="*", default=list(default.buckets),
                         help="context-count bucket edges (none: one temperature per group)")
+    parser.add_argument("--bucket-by", type=int, default=None,
+                        help="index of the group whose context count sets every group's bucket (default: own)")
     parser.add_argument("--holdout-tokens", type=int, default=default.holdout_tokens,
                         help="held-out training tokens for the temperatures")
     parser.add_argument("--eval-tokens", type=int, default=200_000,
@@ -56,7 +58,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     workdir = open_workdir(args.workdir)
     config = ExactConfig(vocab_size=workdir.vocab_size, groups=args.groups, mu=args.mu,
-                         buckets=tuple(args.buckets), holdout_tokens=args.holdout_tokens)
+                         buckets=tuple(args.buckets), bucket_by=args.bucket_by,
+                         holdout_tokens=args.holdout_tokens)
     full = solve_and_score(workdir, config, args.eval_tokens)
     print(f"all groups {config.groups}: dev {full['dev_loss']:.4f} nats/token, {full['dev_bpb']:.4f} bits/byte "
           f"(holdout {full['holdout_loss']:.4f}; solve {full['seconds']:.1f} s, peak RSS "
@@ -65,7 +68,12 @@ def main(argv=None):
     if args.ablate and len(config.groups) > 1:
         for group in config.groups:
             rest = tuple(g for g in config.groups if g != group)
-            row = solve_and_score(workdir, dataclasses.replace(config, groups=rest), args.eval_tokens)
+            by = None if config.bucket_by is None else config.groups[config.bucket_by]
+            if by == group:
+                continue                                  # the bucketing group stays
+            bucket_by = None if by is None else rest.index(by)
+            row = solve_and_score(workdir, dataclasses.replace(config, groups=rest, bucket_by=bucket_by),
+                                  args.eval_tokens)
             results["without"][",".join(map(str, group))] = row
             print(f"without {group}: dev {row['dev_bpb']:.4f} bits/byte (+{row['dev_bpb'] - full['dev_bpb']:.4f})",
                   flush=True)
@@ -74,7 +82,7 @@ def main(argv=None):
     write_metrics(args.metrics_json, {"dev_bpb": full["dev_bpb"], "dev_loss": full["dev_loss"],
                                       "solve_seconds": full["seconds"], "peak_rss_mb": full["peak_rss_mb"],
                                       **{f"without_{k}_dev_bpb": v["dev_bpb"] for k, v in results["without"].items()}})
-    print(f"\n| groups | dev loss | dev bits/byte | solve s |\n|---|---:|---:|---:|")
+    print("\n| groups | dev loss | dev bits/byte | solve s |\n|---|---:|---:|---:|")
     print(f"| all: {' '.join(','.join(map(str, g)) for g in config.groups)} | {full['dev_loss']:.4f} | "
           f"{full['dev_bpb']:.4f} | {full['seconds']:.1f} |")
     for name, row in results["without"].items():

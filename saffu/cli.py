@@ -298,8 +298,8 @@ def cmd_exact(args) -> dict:
 
     workdir = open_workdir(args.workdir)
     config = configs.ExactConfig(vocab_size=workdir.vocab_size, groups=args.groups, mu=args.mu,
-                                 buckets=tuple(args.buckets), holdout_tokens=args.holdout_tokens,
-                                 chunk_size=args.chunk_size)
+                                 buckets=tuple(args.buckets), bucket_by=args.bucket_by,
+                                 holdout_tokens=args.holdout_tokens, chunk_size=args.chunk_size)
     _say(args, f"solving {len(config.groups)} exact groups {' '.join(','.join(map(str, g)) for g in config.groups)} "
                f"with {config.num_buckets} count buckets each")
     params, report = solve_exact(workdir, config, progress=not args.quiet)
@@ -594,6 +594,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mu", type=float, default=exact.mu, help="Dirichlet strength of every group")
     p.add_argument("--buckets", type=int, nargs="*", default=list(exact.buckets),
                    help="context-count bucket edges; each group has a temperature per bucket (none: one)")
+    p.add_argument("--bucket-by", type=int, default=exact.bucket_by,
+                   help="index of the group whose context count sets every group's bucket (default: each its own)")
     p.add_argument("--holdout-tokens", type=int, default=exact.holdout_tokens,
                    help="whole training documents kept out of the counts for the temperatures")
     p.add_argument("--chunk-size", type=int, default=exact.chunk_size, help="targets per counting step")

@@ -315,6 +315,10 @@ class ExactConfig:
       buckets: lower edges of the context-count buckets after the first (contexts seen fewer
         than ``buckets[0]`` times are bucket 0); each group has one temperature per bucket
         (``()``: one temperature per group).
+      bucket_by: ``None``: a group's bucket is its own context's count; ``i``: every group's
+        bucket is the count of group ``i``'s context (say the longest conjunction), so how much
+        each group is trusted depends on how well the most specific context is known — the
+        log-linear counterpart of Kneser-Ney's backoff weights.
       holdout_tokens: whole training documents (from evenly spaced blocks of the split) kept
         out of the counts to calibrate the temperatures.
       calibration_iterations: Newton iterations (at most).
@@ -325,6 +329,7 @@ class ExactConfig:
     groups: tuple[tuple[int, ...], ...] = ((0,), (1,), (2,), (3,), (0, 1), (0, 1, 2))
     mu: float = 100.0
     buckets: tuple[int, ...] = (3, 10, 30, 100, 1000, 10000)
+    bucket_by: int | None = None
     holdout_tokens: int = 32_768
     calibration_iterations: int = 10
     chunk_size: int = 1 << 16
@@ -337,6 +342,8 @@ class ExactConfig:
             raise SaffuError(f"Dirichlet smoothing needs mu > 0 (got {self.mu})")
         if list(self.buckets) != sorted(set(self.buckets)) or any(b < 2 for b in self.buckets):
             raise SaffuError(f"bucket edges must be increasing counts ≥ 2, got {self.buckets}")
+        if self.bucket_by is not None and not 0 <= self.bucket_by < len(self.groups):
+            raise SaffuError(f"bucket_by {self.bucket_by} is not a group index (0 … {len(self.groups) - 1})")
 
     @property
     def context(self) -> int:

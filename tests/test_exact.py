@@ -27,9 +27,11 @@ def in_document_context(stream, head, offsets):
     return tuple(out)
 
 
-def test_sparse_model_equals_the_dense_float64_formula(tiny_workdir):
+@pytest.mark.parametrize("bucket_by", [None, 2])
+def test_sparse_model_equals_the_dense_float64_formula(tiny_workdir, bucket_by):
     V = tiny_workdir.vocab_size
-    config = ExactConfig(vocab_size=V, groups=((0,), (2,), (0, 1)), buckets=(3, 10), holdout_tokens=200, mu=5.0)
+    config = ExactConfig(vocab_size=V, groups=((0,), (2,), (0, 1)), buckets=(3, 10), holdout_tokens=200, mu=5.0,
+                         bucket_by=bucket_by)
     params, report = solve_exact(tiny_workdir, config, progress=False)
     assert report["holdout_loss"] < report["holdout_loss_beta1"]
     stream = np.asarray(tiny_workdir.tokens("train_10M"))
@@ -46,15 +48,18 @@ def test_sparse_model_equals_the_dense_float64_formula(tiny_workdir):
     dev = np.asarray(tiny_workdir.tokens("dev"))[:50]
     beta = np.asarray(params["beta"], np.float64)
     reference = np.tile(np.log(prior), (len(dev), 1))
-    for g, offsets in enumerate(config.groups):
-        context_count = Counter()
+    context_count = [Counter() for _ in config.groups]
+    for g in range(len(config.groups)):
         for (c, _), count in pairs[g].items():
-            context_count[c] += count
+            context_count[g][c] += count
+    for g, offsets in enumerate(config.groups):
+        by = g if bucket_by is None else bucket_by
         for p in range(len(dev)):
             c = in_document_context(dev, p, offsets)
             seen = np.array([pairs[g].get((c, y), 0) for y in range(V)], np.float64)
-            conditional = (seen + config.mu * prior) / (context_count[c] + config.mu)
-            bucket = np.searchsorted(config.buckets, context_count[c], side="right")
+            conditional = (seen + config.mu * prior) / (context_count[g][c] + config.mu)
+            by_count = context_count[by][in_document_context(dev, p, config.groups[by])]
+            bucket = np.searchsorted(config.buckets, by_count, side="right")
             reference[p] += beta[g, bucket] * (np.log(conditional) - np.log(prior))
     got = np.asarray(exact_logits(params, config, jnp.asarray(dev[None].astype(np.int32))))[0]
     np.testing.assert_allclose(got, reference, atol=1e-5)            # float32 tables vs float64

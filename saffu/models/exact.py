@@ -86,17 +86,19 @@ def context_ids(group: Params, context: jax.Array, vocab_size: int) -> jax.Array
 
 def group_rows(params: Params, config: ExactConfig, tokens: jax.Array):
     """Per group, for every position of ``tokens int32[B, S]``: its ``V``-wide row
-    ``L_g[c_g, :]`` and its count bucket. Yields ``(float32[B·S, V], int32[B·S])`` pairs, one
-    group at a time (so at most one extra ``[B·S, V]`` array is live per group)."""
+    ``L_g[c_g, :]`` and its count bucket (its own context's, or group ``config.bucket_by``'s).
+    Yields ``(float32[B·S, V], int32[B·S])`` pairs, one group at a time (so at most one extra
+    ``[B·S, V]`` array is live per group)."""
     B, S = tokens.shape
     V = config.vocab_size
     context = document_contexts(tokens, config.context).reshape(B * S, config.context)
     positions = jnp.arange(B * S)[:, None]
-    for offsets, group in zip(config.groups, params["groups"]):
-        ids = context_ids(group, context[:, list(offsets)], V)
-        row = group["dense_rows"][group["dense_index"][ids]] + group["const"][ids][:, None]
-        row = row.at[positions, group["ell_col"][ids]].add(group["ell_val"][ids], mode="drop")
-        yield row, group["bucket"][ids]
+    ids = [context_ids(group, context[:, list(offsets)], V) for offsets, group in zip(config.groups, params["groups"])]
+    shared = None if config.bucket_by is None else params["groups"][config.bucket_by]["bucket"][ids[config.bucket_by]]
+    for group, group_ids in zip(params["groups"], ids):
+        row = group["dense_rows"][group["dense_index"][group_ids]] + group["const"][group_ids][:, None]
+        row = row.at[positions, group["ell_col"][group_ids]].add(group["ell_val"][group_ids], mode="drop")
+        yield row, group["bucket"][group_ids] if shared is None else shared
 
 
 def exact_logits(params: Params, config: ExactConfig, tokens: jax.Array) -> jax.Array:
