@@ -146,10 +146,10 @@ class SolverConfig:
 
     Attributes:
       smoothing: smoothing of every conditional distribution (Dirichlet around the prior).
-        The default strength μ = 3000 was chosen on the held-out training tail of
-        babylm-2023-4src (holdout loss 5.144 / 5.059 / 5.045 / 5.081 nats for μ = 100, 1000,
-        3000, 10000): SAFFU's multi-group evidence needs far stronger smoothing than a
-        single layer.
+        The default strength μ = 3000 is the one ``experiments/choose_mu.py`` picks on the
+        held-out training tail of babylm-2023-4src (its output: holdout loss 5.1444 / 5.0592 /
+        5.0449 / 5.0809 nats for μ = 100, 1000, 3000, 10000; dev is never looked at): SAFFU's
+        multi-group evidence needs far stronger smoothing than a single layer.
       holdout_tokens: training-stream tail kept out of the counts, used to calibrate
         temperatures (0: no calibration, all temperatures 1).
       chunk_size: targets per device per accumulator step.
