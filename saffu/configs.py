@@ -304,7 +304,8 @@ class ExactConfig:
     :mod:`saffu.solve.exact`): exact-token context groups combined log-linearly,
 
         ``logits(y) = log p(y) + Σ_g β_g[bucket(n(c_g))] · L_g[c_g, y]``,
-        ``L_g[c, y] = log P_g(y | c) − log p(y)``, Dirichlet-smoothed around the unigram ``p``.
+        ``L_g[c, y] = log P_g(y | c) − log p(y)``, Dirichlet-smoothed around the unigram ``p``
+        (or, ``nested``, around the conditional of the group it extends).
 
     Attributes:
       vocab_size: ``V``.
@@ -319,6 +320,11 @@ class ExactConfig:
         bucket is the count of group ``i``'s context (say the longest conjunction), so how much
         each group is trusted depends on how well the most specific context is known — the
         log-linear counterpart of Kneser-Ney's backoff weights.
+      nested: a group whose offsets extend another group's (``(0, 1)`` extends ``(0,)``) is
+        smoothed towards that group's conditional instead of the unigram (hierarchical
+        Dirichlet): ``P_g(y | c) = (n(c, y) + μ P_parent(y | c')) / (n(c) + μ)`` and
+        ``L_g = log P_g − log P_parent``, so with every ``β = 1`` the nested chain is exactly the
+        smoothed longest-context model, and summed groups no longer count shared evidence twice.
       holdout_tokens: whole training documents (from evenly spaced blocks of the split) kept
         out of the counts to calibrate the temperatures.
       calibration_iterations: Newton iterations (at most).
@@ -330,6 +336,7 @@ class ExactConfig:
     mu: float = 100.0
     buckets: tuple[int, ...] = (3, 10, 30, 100, 1000, 10000)
     bucket_by: int | None = None
+    nested: bool = True
     holdout_tokens: int = 32_768
     calibration_iterations: int = 10
     chunk_size: int = 1 << 16

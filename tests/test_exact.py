@@ -27,11 +27,11 @@ def in_document_context(stream, head, offsets):
     return tuple(out)
 
 
-@pytest.mark.parametrize("bucket_by", [None, 2])
-def test_sparse_model_equals_the_dense_float64_formula(tiny_workdir, bucket_by):
+@pytest.mark.parametrize("bucket_by, nested", [(None, False), (2, False), (None, True), (2, True)])
+def test_sparse_model_equals_the_dense_float64_formula(tiny_workdir, bucket_by, nested):
     V = tiny_workdir.vocab_size
     config = ExactConfig(vocab_size=V, groups=((0,), (2,), (0, 1)), buckets=(3, 10), holdout_tokens=200, mu=5.0,
-                         bucket_by=bucket_by)
+                         bucket_by=bucket_by, nested=nested)
     params, report = solve_exact(tiny_workdir, config, progress=False)
     assert report["holdout_loss"] < report["holdout_loss_beta1"]
     stream = np.asarray(tiny_workdir.tokens("train_10M"))
@@ -52,15 +52,20 @@ def test_sparse_model_equals_the_dense_float64_formula(tiny_workdir, bucket_by):
     for g in range(len(config.groups)):
         for (c, _), count in pairs[g].items():
             context_count[g][c] += count
+    def conditional(g, p):
+        """Group g's smoothed P(· | its context at p), and the distribution it is smoothed towards."""
+        towards = conditional(0, p)[0] if nested and g == 2 else prior     # (0, 1) extends (0,)
+        c = in_document_context(dev, p, config.groups[g])
+        seen = np.array([pairs[g].get((c, y), 0) for y in range(V)], np.float64)
+        return (seen + config.mu * towards) / (context_count[g][c] + config.mu), towards
+
     for g, offsets in enumerate(config.groups):
         by = g if bucket_by is None else bucket_by
         for p in range(len(dev)):
-            c = in_document_context(dev, p, offsets)
-            seen = np.array([pairs[g].get((c, y), 0) for y in range(V)], np.float64)
-            conditional = (seen + config.mu * prior) / (context_count[g][c] + config.mu)
+            smoothed, towards = conditional(g, p)
             by_count = context_count[by][in_document_context(dev, p, config.groups[by])]
             bucket = np.searchsorted(config.buckets, by_count, side="right")
-            reference[p] += beta[g, bucket] * (np.log(conditional) - np.log(prior))
+            reference[p] += beta[g, bucket] * (np.log(smoothed) - np.log(towards))
     got = np.asarray(exact_logits(params, config, jnp.asarray(dev[None].astype(np.int32))))[0]
     np.testing.assert_allclose(got, reference, atol=1e-5)            # float32 tables vs float64
 
@@ -71,7 +76,7 @@ def test_context_search_finds_counted_contexts_and_only_those():
     rows = np.unique(rng.integers(0, V, (400, 4)), axis=0).astype(np.int32)   # 3 context tokens + target
     counts = rng.integers(1, 5, len(rows)).astype(np.int64)
     prior = np.full(V, 1.0 / V)
-    group, summary = build_group(rows, counts, 3, prior, 10.0, (2,))
+    group, summary, _ = build_group(rows, counts, 3, prior, 10.0, (2,))
     group = jax.tree.map(jnp.asarray, group)
     contexts = np.unique(rows[:, :3], axis=0)
     assert summary["contexts"] == len(contexts)

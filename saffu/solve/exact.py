@@ -52,7 +52,7 @@ def complement(ranges: list[tuple[int, int]], begin: int, end: int) -> list[tupl
 
 
 def build_group(rows: np.ndarray, counts: np.ndarray, order: int, prior: np.ndarray, mu: float,
-                buckets: tuple[int, ...]) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+                buckets: tuple[int, ...], row_prior: np.ndarray | None = None):
     """The tables of one group from its counted rows.
 
     Args:
@@ -61,9 +61,14 @@ def build_group(rows: np.ndarray, counts: np.ndarray, order: int, prior: np.ndar
       order: ``n``, context tokens per row.
       prior: ``float64[V]`` unigram ``p``.
       mu, buckets: see :class:`saffu.configs.ExactConfig`.
+      row_prior: ``float64[U]``, the probability of each row's target under the distribution the
+        group is smoothed towards (a nested group's parent conditional); ``None``: ``prior``.
+        A seen entry is ``log(1 + n(c, y) / (μ · row_prior))`` either way, and the value ``L`` is
+        relative to that distribution.
 
-    Returns the group's arrays (numpy; see :mod:`saffu.models.exact`) and a summary: contexts,
-    seen pairs, dense contexts, row width ``k`` and megabytes.
+    Returns the group's arrays (numpy; see :mod:`saffu.models.exact`), a summary (contexts,
+    seen pairs, dense contexts, row width ``k``, megabytes) and ``float64[U]``, the smoothed
+    ``log P_g(y | c)`` of every row (what a nested child is smoothed towards).
     """
     V = len(prior)
     context = rows[:, :order].astype(np.int64)
@@ -83,9 +88,12 @@ def build_group(rows: np.ndarray, counts: np.ndarray, order: int, prior: np.ndar
     n_context = np.bincount(ids, weights=counts, minlength=C)             # n(c)
     types = np.bincount(ids, minlength=C)                                 # seen targets of c
     targets = rows[:, order].astype(np.int64)
-    delta = np.log1p(counts / (mu * prior[targets])).astype(np.float32)  # L − const, seen pairs
+    row_prior = prior[targets] if row_prior is None else row_prior
+    delta64 = np.log1p(counts / (mu * row_prior))                          # L − const, seen pairs
+    delta = delta64.astype(np.float32)
     const = np.zeros(C + 1, np.float32)
     const[:C] = np.log(mu / (n_context + mu))
+    log_p_rows = np.log(row_prior) + np.log(mu / (n_context[ids] + mu)) + delta64
     bucket = np.zeros(C + 1, np.int32)
     bucket[:C] = np.searchsorted(np.asarray(buckets), n_context, side="right")
     # the row width k that minimises sparse (C·k·8 bytes) plus dense ((#contexts > k)·V·4) storage
@@ -109,7 +117,30 @@ def build_group(rows: np.ndarray, counts: np.ndarray, order: int, prior: np.ndar
              "dense_index": dense_index, "dense_rows": dense_rows}
     size = sum(a.nbytes for a in jax.tree.leaves(group))
     return group, {"contexts": int(C), "pairs": int(len(rows)), "dense_contexts": int(dense.sum()),
-                   "row_width": int(k), "megabytes": size / 2**20}
+                   "row_width": int(k), "megabytes": size / 2**20}, log_p_rows
+
+
+def host_context_ids(levels: list[dict[str, np.ndarray]], context: np.ndarray, vocab_size: int) -> np.ndarray:
+    """:func:`saffu.models.exact.context_ids` on the host, in numpy: ``int[U, n]`` context tokens
+    -> ``int64[U]`` context ids (``-1`` where absent)."""
+    ids = context[:, 0].astype(np.int64)
+    for j, level in enumerate(levels, start=1):
+        start, token = level["start"], level["token"]
+        parent = np.repeat(np.arange(len(start) - 1), np.diff(start))       # parent id of every child
+        keys = parent * vocab_size + token                                   # sorted
+        query = ids * vocab_size + context[:, j]
+        where = np.minimum(np.searchsorted(keys, query), max(len(keys) - 1, 0))
+        found = (ids >= 0) & (len(keys) > 0) & (keys[where] == query)
+        ids = np.where(found, where, -1)
+    return ids
+
+
+def parent_group(groups: tuple[tuple[int, ...], ...], g: int) -> int | None:
+    """The group a nested group is smoothed towards: the longest other group whose offsets are a
+    proper prefix of group ``g``'s (``(0, 1)`` for ``(0, 1, 2)``), or ``None``."""
+    offsets = groups[g]
+    prefixes = [i for i, other in enumerate(groups) if len(other) < len(offsets) and offsets[:len(other)] == other]
+    return max(prefixes, key=lambda i: len(groups[i])) if prefixes else None
 
 
 def solve_exact(workdir: WorkDir, config: ExactConfig, progress: bool = True) -> tuple[Params, dict[str, Any]]:
@@ -146,11 +177,23 @@ def solve_exact(workdir: WorkDir, config: ExactConfig, progress: bool = True) ->
                                progress=label(f"group {offsets}")) for offsets in config.groups]
     report["seconds_count"] = time.perf_counter() - tick
     tick = time.perf_counter()
-    groups = []
-    for g, (offsets, (rows, counts)) in enumerate(zip(config.groups, counted_rows)):
-        group, summary = build_group(rows, counts, len(offsets), prior, config.mu, config.buckets)
-        groups.append(group)
+    groups: list = [None] * len(config.groups)
+    log_p_rows: list = [None] * len(config.groups)
+    for g in sorted(range(len(config.groups)), key=lambda i: len(config.groups[i])):   # parents first
+        offsets, (rows, counts) = config.groups[g], counted_rows[g]
+        parent = parent_group(config.groups, g) if config.nested else None
+        row_prior = None
+        if parent is not None:         # P_parent(y | the parent's part of c) at every seen row
+            m = len(config.groups[parent])
+            parent_rows = counted_rows[parent][0]
+            parent_ids = host_context_ids(groups[parent]["levels"], parent_rows[:, :m], V)
+            keys = parent_ids * V + parent_rows[:, m]                         # sorted, like the rows
+            query = host_context_ids(groups[parent]["levels"], rows[:, :m], V) * V + rows[:, -1]
+            row_prior = np.exp(log_p_rows[parent][np.searchsorted(keys, query)])
+        groups[g], summary, log_p_rows[g] = build_group(rows, counts, len(offsets), prior, config.mu, config.buckets,
+                                                        row_prior)
         report.update({f"group{g}_{key}": value for key, value in summary.items()})
+        report[f"group{g}_parent"] = -1 if parent is None else parent
     params = jax.tree.map(jnp.asarray, {"log_prior": np.log(prior).astype(np.float32),
                                         "beta": np.ones((len(config.groups), config.num_buckets), np.float32),
                                         "groups": groups})
