@@ -298,7 +298,7 @@ def cmd_exact(args) -> dict:
 
     workdir = open_workdir(args.workdir)
     config = configs.ExactConfig(vocab_size=workdir.vocab_size, groups=args.groups, mu=args.mu,
-                                 buckets=tuple(args.buckets), bucket_by=args.bucket_by,
+                                 buckets=tuple(args.buckets), bucket_by=args.bucket_by, nested=args.nested,
                                  holdout_tokens=args.holdout_tokens, chunk_size=args.chunk_size)
     _say(args, f"solving {len(config.groups)} exact groups {' '.join(','.join(map(str, g)) for g in config.groups)} "
                f"with {config.num_buckets} count buckets each")
@@ -461,7 +461,7 @@ class _HelpFormatter(argparse.HelpFormatter):
     def _get_help_string(self, action):
         text = action.help or ""
         default = action.default
-        if (default is not None and default is not argparse.SUPPRESS and default is not False
+        if (default is not None and default is not argparse.SUPPRESS and not isinstance(default, bool)
                 and default != [] and action.option_strings and "%(default)" not in text):
             text += " (default: %(default)s)"
         return text
@@ -596,6 +596,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="context-count bucket edges; each group has a temperature per bucket (none: one)")
     p.add_argument("--bucket-by", type=int, default=exact.bucket_by,
                    help="index of the group whose context count sets every group's bucket (default: each its own)")
+    p.add_argument("--no-nested", dest="nested", action="store_false",
+                   help="smooth every group towards the unigram, not towards the group it extends")
     p.add_argument("--holdout-tokens", type=int, default=exact.holdout_tokens,
                    help="whole training documents kept out of the counts for the temperatures")
     p.add_argument("--chunk-size", type=int, default=exact.chunk_size, help="targets per counting step")
