@@ -153,6 +153,9 @@ def test_cli_solves_saves_scores_and_refuses_to_train_an_exact_model(tiny_workdi
                                                "UID": "p"}) + "\n")
     assert main(["blimp", *args, "--blimp", str(blimp), "--quiet", "--metrics-json", str(metrics)]) == 0
     assert json.loads(metrics.read_text())["blimp_accuracy"] == 1.0
+    assert main(["generate", *args, "--num-samples", "2", "--max-tokens", "6", "--quiet",
+                 "--metrics-json", str(metrics)]) == 0
+    assert json.loads(metrics.read_text())["samples"] == 2
     capsys.readouterr()
     assert main(["train", *args, "--init", "explicit", "--quiet"]) == 2
     assert "not trained" in capsys.readouterr().err
