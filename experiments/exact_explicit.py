@@ -49,6 +49,8 @@ def main(argv=None):
                         help="context-count bucket edges (none: one temperature per group)")
     parser.add_argument("--bucket-by", type=int, default=None,
                         help="index of the group whose context count sets every group's bucket (default: own)")
+    parser.add_argument("--smoothing", choices=["dirichlet", "witten_bell"], default=default.smoothing,
+                        help="one μ per group, or μ_c = μ · (distinct targets after c)")
     parser.add_argument("--no-nested", action="store_true",
                         help="smooth every group towards the unigram (not towards the group it extends)")
     parser.add_argument("--holdout-tokens", type=int, default=default.holdout_tokens,
@@ -61,7 +63,7 @@ def main(argv=None):
     workdir = open_workdir(args.workdir)
     config = ExactConfig(vocab_size=workdir.vocab_size, groups=args.groups, mu=args.mu,
                          buckets=tuple(args.buckets), bucket_by=args.bucket_by, nested=not args.no_nested,
-                         holdout_tokens=args.holdout_tokens)
+                         smoothing=args.smoothing, holdout_tokens=args.holdout_tokens)
     full = solve_and_score(workdir, config, args.eval_tokens)
     print(f"all groups {config.groups}: dev {full['dev_loss']:.4f} nats/token, {full['dev_bpb']:.4f} bits/byte "
           f"(holdout {full['holdout_loss']:.4f}; solve {full['seconds']:.1f} s, peak RSS "

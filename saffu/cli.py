@@ -299,7 +299,8 @@ def cmd_exact(args) -> dict:
     workdir = open_workdir(args.workdir)
     config = configs.ExactConfig(vocab_size=workdir.vocab_size, groups=args.groups, mu=args.mu,
                                  buckets=tuple(args.buckets), bucket_by=args.bucket_by, nested=args.nested,
-                                 holdout_tokens=args.holdout_tokens, chunk_size=args.chunk_size)
+                                 smoothing=args.smoothing, holdout_tokens=args.holdout_tokens,
+                                 chunk_size=args.chunk_size)
     _say(args, f"solving {len(config.groups)} exact groups {' '.join(','.join(map(str, g)) for g in config.groups)} "
                f"with {config.num_buckets} count buckets each")
     params, report = solve_exact(workdir, config, progress=not args.quiet)
@@ -596,6 +597,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="context-count bucket edges; each group has a temperature per bucket (none: one)")
     p.add_argument("--bucket-by", type=int, default=exact.bucket_by,
                    help="index of the group whose context count sets every group's bucket (default: each its own)")
+    p.add_argument("--smoothing", choices=["dirichlet", "witten_bell"], default=exact.smoothing,
+                   help="one --mu per group, or a context's strength --mu × its distinct successors")
     p.add_argument("--no-nested", dest="nested", action="store_false",
                    help="smooth every group towards the unigram, not towards the group it extends")
     p.add_argument("--holdout-tokens", type=int, default=exact.holdout_tokens,

@@ -312,7 +312,12 @@ class ExactConfig:
       groups: one tuple of context offsets per group (``δ = 0`` is the token right before the
         target, ``δ = 1`` the one before it, …): ``(0,)`` the bigram, ``(1,)`` a skip-bigram,
         ``(0, 1)`` the previous two tokens (a conjunction: a trigram context).
-      mu: Dirichlet strength ``μ`` of every group.
+      mu: Dirichlet strength ``μ`` of every group (``"witten_bell"``: the scale ``κ`` of
+        ``μ_c = κ · t(c)``).
+      smoothing: ``"dirichlet"`` (one ``μ`` for every context) or ``"witten_bell"`` (a
+        context's strength grows with ``t(c)``, the distinct targets seen after it: a context
+        followed by many different tokens leaves more mass to the distribution it is smoothed
+        towards, as Kneser-Ney's discounts do).
       buckets: lower edges of the context-count buckets after the first (contexts seen fewer
         than ``buckets[0]`` times are bucket 0); each group has one temperature per bucket
         (``()``: one temperature per group).
@@ -337,6 +342,7 @@ class ExactConfig:
     buckets: tuple[int, ...] = (3, 10, 30, 100, 1000, 10000)
     bucket_by: int | None = None
     nested: bool = True
+    smoothing: str = "dirichlet"
     holdout_tokens: int = 32_768
     calibration_iterations: int = 10
     chunk_size: int = 1 << 16
@@ -349,6 +355,8 @@ class ExactConfig:
             raise SaffuError(f"Dirichlet smoothing needs mu > 0 (got {self.mu})")
         if list(self.buckets) != sorted(set(self.buckets)) or any(b < 2 for b in self.buckets):
             raise SaffuError(f"bucket edges must be increasing counts ≥ 2, got {self.buckets}")
+        if self.smoothing not in ("dirichlet", "witten_bell"):
+            raise SaffuError(f"exact smoothing must be 'dirichlet' or 'witten_bell', got {self.smoothing!r}")
         if self.bucket_by is not None and not 0 <= self.bucket_by < len(self.groups):
             raise SaffuError(f"bucket_by {self.bucket_by} is not a group index (0 … {len(self.groups) - 1})")
 

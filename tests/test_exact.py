@@ -27,11 +27,14 @@ def in_document_context(stream, head, offsets):
     return tuple(out)
 
 
-@pytest.mark.parametrize("bucket_by, nested", [(None, False), (2, False), (None, True), (2, True)])
-def test_sparse_model_equals_the_dense_float64_formula(tiny_workdir, bucket_by, nested):
+@pytest.mark.parametrize("bucket_by, nested, smoothing", [(None, False, "dirichlet"), (2, False, "dirichlet"),
+                                                         (None, True, "dirichlet"), (2, True, "dirichlet"),
+                                                         (None, True, "witten_bell")])
+def test_sparse_model_equals_the_dense_float64_formula(tiny_workdir, bucket_by, nested, smoothing):
     V = tiny_workdir.vocab_size
-    config = ExactConfig(vocab_size=V, groups=((0,), (2,), (0, 1)), buckets=(3, 10), holdout_tokens=200, mu=5.0,
-                         bucket_by=bucket_by, nested=nested)
+    mu = 5.0 if smoothing == "dirichlet" else 0.7
+    config = ExactConfig(vocab_size=V, groups=((0,), (2,), (0, 1)), buckets=(3, 10), holdout_tokens=200, mu=mu,
+                         bucket_by=bucket_by, nested=nested, smoothing=smoothing)
     params, report = solve_exact(tiny_workdir, config, progress=False)
     assert report["holdout_loss"] < report["holdout_loss_beta1"]
     stream = np.asarray(tiny_workdir.tokens("train_10M"))
@@ -57,7 +60,10 @@ def test_sparse_model_equals_the_dense_float64_formula(tiny_workdir, bucket_by, 
         towards = conditional(0, p)[0] if nested and g == 2 else prior     # (0, 1) extends (0,)
         c = in_document_context(dev, p, config.groups[g])
         seen = np.array([pairs[g].get((c, y), 0) for y in range(V)], np.float64)
-        return (seen + config.mu * towards) / (context_count[g][c] + config.mu), towards
+        strength = config.mu * (seen > 0).sum() if smoothing == "witten_bell" else config.mu
+        if strength == 0:                                 # a context never counted: the prior itself
+            return towards, towards
+        return (seen + strength * towards) / (context_count[g][c] + strength), towards
 
     for g, offsets in enumerate(config.groups):
         by = g if bucket_by is None else bucket_by

@@ -52,7 +52,7 @@ def complement(ranges: list[tuple[int, int]], begin: int, end: int) -> list[tupl
 
 
 def build_group(rows: np.ndarray, counts: np.ndarray, order: int, prior: np.ndarray, mu: float,
-                buckets: tuple[int, ...], row_prior: np.ndarray | None = None):
+                buckets: tuple[int, ...], row_prior: np.ndarray | None = None, per_type: bool = False):
     """The tables of one group from its counted rows.
 
     Args:
@@ -61,6 +61,8 @@ def build_group(rows: np.ndarray, counts: np.ndarray, order: int, prior: np.ndar
       order: ``n``, context tokens per row.
       prior: ``float64[V]`` unigram ``p``.
       mu, buckets: see :class:`saffu.configs.ExactConfig`.
+      per_type: Witten-Bell strength ``μ_c = mu · t(c)`` (``t(c)``: distinct targets seen after
+        ``c``) instead of one ``μ`` for every context.
       row_prior: ``float64[U]``, the probability of each row's target under the distribution the
         group is smoothed towards (a nested group's parent conditional); ``None``: ``prior``.
         A seen entry is ``log(1 + n(c, y) / (μ · row_prior))`` either way, and the value ``L`` is
@@ -89,11 +91,14 @@ def build_group(rows: np.ndarray, counts: np.ndarray, order: int, prior: np.ndar
     types = np.bincount(ids, minlength=C)                                 # seen targets of c
     targets = rows[:, order].astype(np.int64)
     row_prior = prior[targets] if row_prior is None else row_prior
-    delta64 = np.log1p(counts / (mu * row_prior))                          # L − const, seen pairs
+    # μ_c: one μ (Dirichlet) or μ · t(c) (Witten-Bell; a context never seen keeps μ: n(c) = 0, const 0)
+    strength = np.where(types > 0, mu * types, mu) if per_type else np.full(C, mu)
+    delta64 = np.log1p(counts / (strength[ids] * row_prior))               # L − const, seen pairs
     delta = delta64.astype(np.float32)
+    const64 = np.log(strength / (n_context + strength))                     # every unseen pair of c
     const = np.zeros(C + 1, np.float32)
-    const[:C] = np.log(mu / (n_context + mu))
-    log_p_rows = np.log(row_prior) + np.log(mu / (n_context[ids] + mu)) + delta64
+    const[:C] = const64
+    log_p_rows = np.log(row_prior) + const64[ids] + delta64
     bucket = np.zeros(C + 1, np.int32)
     bucket[:C] = np.searchsorted(np.asarray(buckets), n_context, side="right")
     # the row width k that minimises sparse (C·k·8 bytes) plus dense ((#contexts > k)·V·4) storage
@@ -191,7 +196,7 @@ def solve_exact(workdir: WorkDir, config: ExactConfig, progress: bool = True) ->
             query = host_context_ids(groups[parent]["levels"], rows[:, :m], V) * V + rows[:, -1]
             row_prior = np.exp(log_p_rows[parent][np.searchsorted(keys, query)])
         groups[g], summary, log_p_rows[g] = build_group(rows, counts, len(offsets), prior, config.mu, config.buckets,
-                                                        row_prior)
+                                                        row_prior, config.smoothing == "witten_bell")
         report.update({f"group{g}_{key}": value for key, value in summary.items()})
         report[f"group{g}_parent"] = -1 if parent is None else parent
     params = jax.tree.map(jnp.asarray, {"log_prior": np.log(prior).astype(np.float32),
