@@ -44,7 +44,8 @@ def main(argv=None):
     parser.add_argument("--out", type=Path, default=Path("runs/exact"), help="results.json goes here")
     parser.add_argument("--groups", type=parse_groups, default=default.groups,
                         help='context offsets per group, e.g. "0 1 2 3 0,1 0,1,2" (0 = the previous token)')
-    parser.add_argument("--mu", type=float, default=default.mu, help="Dirichlet strength of every group")
+    parser.add_argument("--mu", type=float, default=default.mu,
+                        help="κ of μ_c = κ · (distinct successors) for witten_bell; μ for dirichlet")
     parser.add_argument("--buckets", type=int, nargs="*", default=list(default.buckets),
                         help="context-count bucket edges (none: one temperature per group)")
     parser.add_argument("--bucket-by", type=int, default=None,

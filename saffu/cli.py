@@ -592,7 +592,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--groups", type=_exact_groups, default=exact.groups,
                    help='context offsets per group, space-separated, e.g. "0 1 2 3 0,1 0,1,2" (0 = the '
                         'previous token; "0,1" = the previous two tokens together)')
-    p.add_argument("--mu", type=float, default=exact.mu, help="Dirichlet strength of every group")
+    p.add_argument("--mu", type=float, default=exact.mu,
+                   help="smoothing strength: κ of μ_c = κ · (distinct successors of c) for witten_bell, μ for dirichlet")
     p.add_argument("--buckets", type=int, nargs="*", default=list(exact.buckets),
                    help="context-count bucket edges; each group has a temperature per bucket (none: one)")
     p.add_argument("--bucket-by", type=int, default=exact.bucket_by,
