@@ -17,15 +17,11 @@ import time
 from pathlib import Path
 
 from saffu._io import atomic_write_json, write_metrics
+from saffu.cli import exact_groups
 from saffu.configs import ExactConfig
 from saffu.data.workdir import open_workdir
 from saffu.eval.scoring import evaluate_split
 from saffu.solve.exact import solve_exact
-
-
-def parse_groups(text: str) -> tuple[tuple[int, ...], ...]:
-    """``"0 1 0,1"`` -> ``((0,), (1,), (0, 1))``."""
-    return tuple(tuple(int(x) for x in group.split(",")) for group in text.split())
 
 
 def solve_and_score(workdir, config: ExactConfig, eval_tokens: int) -> dict:
@@ -42,7 +38,7 @@ def main(argv=None):
     default = ExactConfig(vocab_size=1)
     parser.add_argument("--workdir", type=Path, required=True, help="a prepared work directory")
     parser.add_argument("--out", type=Path, default=Path("runs/exact"), help="results.json goes here")
-    parser.add_argument("--groups", type=parse_groups, default=default.groups,
+    parser.add_argument("--groups", type=exact_groups, default=default.groups,
                         help='context offsets per group, e.g. "0 1 2 3 0,1 0,1,2" (0 = the previous token)')
     parser.add_argument("--mu", type=float, default=default.mu,
                         help="κ of μ_c = κ · (distinct successors) for witten_bell; μ for dirichlet")

@@ -281,7 +281,7 @@ def cmd_fit(args) -> dict:
     return metrics
 
 
-def _exact_groups(text: str) -> tuple[tuple[int, ...], ...]:
+def exact_groups(text: str) -> tuple[tuple[int, ...], ...]:
     """``"0 1 0,1"`` -> ``((0,), (1,), (0, 1))`` (argparse type of ``--groups``)."""
     try:
         return tuple(tuple(int(x) for x in group.split(",")) for group in text.split())
@@ -589,7 +589,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "documents, save to --run and score every non-training split.", cmd_exact)
     p.add_argument("--workdir", type=Path, required=True, help="work directory of `saffu prepare`")
     p.add_argument("--run", type=Path, required=True, help="run directory to create")
-    p.add_argument("--groups", type=_exact_groups, default=exact.groups,
+    p.add_argument("--groups", type=exact_groups, default=exact.groups,
                    help='context offsets per group, space-separated, e.g. "0 1 2 3 0,1 0,1,2" (0 = the '
                         'previous token; "0,1" = the previous two tokens together)')
     p.add_argument("--mu", type=float, default=exact.mu,

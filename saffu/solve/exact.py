@@ -32,7 +32,6 @@ from saffu.engine.explicit import unigram_prior
 from saffu.models.exact import Params, group_rows
 from saffu.ngram.counts import count_rows
 
-HIGHEST = jax.lax.Precision.HIGHEST
 #: Upper bound of a temperature (rarely seen contexts want large ones: μ shrinks them hard).
 BETA_MAX = 10.0
 #: Sparse-row widths tried per group (the one with the fewest bytes is kept).
