@@ -130,20 +130,28 @@ def _eval_splits(workdir) -> list[str]:
     return [s for s in workdir.meta["splits"] if s != workdir.train_split]
 
 
+def _join_processes(args) -> bool:
+    """Join the multi-process job of ``--num-processes`` / ``--process-id`` / ``--coordinator``
+    (before any JAX work); returns whether this process writes the outputs. Every process
+    computes the same totals; process 0 writes them (the others drop ``--metrics-json``)."""
+    if args.num_processes <= 1:
+        return True
+    from saffu.engine import distributed
+    if not args.coordinator:
+        raise SaffuError("--num-processes > 1 needs --coordinator HOST:PORT (process 0's address)")
+    distributed.initialize(args.coordinator, args.num_processes, args.process_id)
+    if args.process_id != 0:
+        args.metrics_json = None
+    return args.process_id == 0
+
+
 def cmd_stats(args) -> dict:
     from saffu.data.workdir import open_workdir
     from saffu.eval.metrics import pair_counts, split_metrics
     from saffu.models.bigram import bigram_nll
     from saffu.solve.bigram import fit_explicit_bigram, save_offset_statistics, unigram_log_prior, unigram_nll
 
-    writer = True
-    if args.num_processes > 1:
-        from saffu.engine import distributed
-        if not args.coordinator:
-            raise SaffuError("--num-processes > 1 needs --coordinator HOST:PORT (process 0's address)")
-        distributed.initialize(args.coordinator, args.num_processes, args.process_id)
-        if args.process_id != 0:  # every process computes the same totals; process 0 writes them
-            args.metrics_json, writer = None, False
+    writer = _join_processes(args)
     workdir = open_workdir(args.workdir)
     config = _bigram_config(args)
     start = time.perf_counter()
@@ -291,11 +299,15 @@ def exact_groups(text: str) -> tuple[tuple[int, ...], ...]:
 
 
 def cmd_exact(args) -> dict:
-    """Explicit token-resolution model (exact context groups) -> run directory."""
+    """Explicit token-resolution model (exact context groups) -> run directory; with
+    ``--num-processes`` every process counts its own documents and process 0 writes."""
+    import jax
+
     from saffu.data.workdir import open_workdir
     from saffu.solve.exact import solve_exact
     from saffu.training.checkpoints import save_explicit, save_run_config
 
+    writer = _join_processes(args)
     workdir = open_workdir(args.workdir)
     config = configs.ExactConfig(vocab_size=workdir.vocab_size, groups=args.groups, mu=args.mu,
                                  buckets=tuple(args.buckets), bucket_by=args.bucket_by, nested=args.nested,
@@ -304,9 +316,11 @@ def cmd_exact(args) -> dict:
     _say(args, f"solving {len(config.groups)} exact groups {' '.join(','.join(map(str, g)) for g in config.groups)} "
                f"with {config.num_buckets} count buckets each")
     params, report = solve_exact(workdir, config, progress=not args.quiet)
-    Path(args.run).mkdir(parents=True, exist_ok=True)
-    save_run_config(args.run, config, workdir)
-    save_explicit(args.run, params)
+    if writer:
+        Path(args.run).mkdir(parents=True, exist_ok=True)
+        save_run_config(args.run, config, workdir)
+    # every process takes part (orbax synchronises them); of host arrays only process 0 writes
+    save_explicit(args.run, jax.device_get(params))
     metrics = {**report, **_score_splits(params, config, workdir, args)}
     _print_metrics(f"explicit token-resolution model on {workdir.meta['corpus']} -> {args.run}", metrics)
     return metrics
@@ -473,6 +487,13 @@ def _add_common(parser):
     parser.add_argument("--quiet", action="store_true", help="no progress bars or announcements")
 
 
+def _add_process_flags(parser):
+    parser.add_argument("--num-processes", type=int, default=1,
+                        help="processes (hosts) in a multi-process job; each streams its own documents")
+    parser.add_argument("--process-id", type=int, default=0, help="this process's index in [0, num-processes)")
+    parser.add_argument("--coordinator", help="HOST:PORT of process 0 (jax.distributed)")
+
+
 def _add_model_flags(parser, smoothing: configs.Smoothing, holdout_tokens: int, chunk_size: int, what: str):
     """Code and smoothing flags; the defaults are those of the config that ``what`` uses."""
     parser.add_argument("--bits", type=int, default=configs.CipherConfig.bits,
@@ -563,10 +584,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--radius", type=int, default=1,
                    help="also compute and save offset statistics F_δ, δ < radius, to statistics.npz")
     p.add_argument("--save-statistics", action="store_true", help="save statistics.npz even for radius 1")
-    p.add_argument("--num-processes", type=int, default=1,
-                   help="processes (hosts) in a multi-process job; each streams its own documents")
-    p.add_argument("--process-id", type=int, default=0, help="this process's index in [0, num-processes)")
-    p.add_argument("--coordinator", help="HOST:PORT of process 0 (jax.distributed)")
+    _add_process_flags(p)
     _add_bigram_flags(p)
     _add_common(p)
 
@@ -605,6 +623,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--holdout-tokens", type=int, default=exact.holdout_tokens,
                    help="whole training documents kept out of the counts for the temperatures")
     p.add_argument("--chunk-size", type=int, default=exact.chunk_size, help="targets per counting step")
+    _add_process_flags(p)
     _add_eval_flags(p)
     _add_common(p)
 

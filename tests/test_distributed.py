@@ -53,6 +53,38 @@ def test_two_processes_give_bit_identical_statistics(tiny_workdir, tmp_path):
     assert multi_metrics["beta"] == single_metrics["beta"]
 
 
+def test_two_processes_give_a_bit_identical_exact_model(tiny_workdir, tmp_path):
+    import jax
+
+    from saffu.training.checkpoints import load_explicit, load_run_config
+    exact = ["exact", "--workdir", str(tiny_workdir.path), "--groups", "0 1 0,1", "--buckets", "3", "10",
+             "--holdout-tokens", "200", "--eval-tokens", "0", "--quiet"]
+    subprocess.run([sys.executable, "-m", "saffu", *exact, "--run", str(tmp_path / "single"),
+                    "--metrics-json", str(tmp_path / "single.json")], check=True, capture_output=True)
+    coordinator = f"127.0.0.1:{free_port()}"
+    processes = [subprocess.Popen([sys.executable, "-m", "saffu", *exact, "--run", str(tmp_path / "multi"),
+                                   "--num-processes", "2", "--process-id", str(i), "--coordinator", coordinator,
+                                   "--metrics-json", str(tmp_path / f"multi{i}.json")],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(2)]
+    for process in processes:
+        out, err = process.communicate(timeout=240)
+        assert process.returncode == 0, err.decode()[-2000:]
+    config = load_run_config(tmp_path / "single")
+    assert load_run_config(tmp_path / "multi") == config
+    a, b = load_explicit(tmp_path / "single", config), load_explicit(tmp_path / "multi", config)
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        assert x.dtype == y.dtype
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))                   # bit-identical tables, β
+    single_metrics = json.loads((tmp_path / "single.json").read_text())
+    multi_metrics = json.loads((tmp_path / "multi0.json").read_text())
+    assert not (tmp_path / "multi1.json").exists()                                   # process 0 writes
+    timing = lambda key: key.startswith("seconds") or key.endswith("peak_mb") or key == "peak_rss_mb"
+    assert set(multi_metrics) == set(single_metrics)
+    assert {k: v for k, v in multi_metrics.items() if not timing(k)} == \
+        {k: v for k, v in single_metrics.items() if not timing(k)}                    # counts, losses, β exactly
+
+
 def test_data_parallel_training_follows_the_unsharded_trajectory(tiny_workdir, tmp_path):
     import jax
 

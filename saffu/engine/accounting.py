@@ -83,8 +83,9 @@ def peak_rss_mb() -> float:
 
 
 def device_peak_mb() -> float | None:
-    """Peak bytes in use on the first device in MB (GPU/TPU), None where not reported (CPU)."""
-    stats = jax.devices()[0].memory_stats()
+    """Peak bytes in use on this process's first device in MB (GPU/TPU), None where not reported
+    (CPU)."""
+    stats = jax.local_devices()[0].memory_stats()
     if not stats or "peak_bytes_in_use" not in stats:
         return None
     return stats["peak_bytes_in_use"] / 2**20

@@ -5,7 +5,9 @@ then gives each process its own contiguous range of whole documents (:func:`docu
 no overlap, no gaps), accumulates it on the process's local devices, and adds the per-process
 states with a collective (``multihost_utils.process_allgather``), so every process ends with
 the same totals — bit-identical to one process for the integer counts — and solves the same
-explicit weights. On CPU the collectives use gloo; on GPU/TPU clusters the platform's own.
+explicit weights. The exact sparse counter (:func:`saffu.ngram.counts.count_rows`) does the
+same with its tables of distinct rows (:func:`merge_rows_over_processes`). On CPU the
+collectives use gloo; on GPU/TPU clusters the platform's own.
 """
 
 from __future__ import annotations
@@ -60,6 +62,38 @@ def sum_over_processes(state: np.ndarray) -> np.ndarray:
     for other in gathered[1:]:
         total += other
     return total
+
+
+def merge_rows_over_processes(rows: np.ndarray, counts: np.ndarray, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Merge every process's sparse count table (:func:`saffu.ngram.counts.count_rows` of its own
+    documents) into one, identical on every process; with one process the input is returned.
+
+    Args:
+      rows: ``int32[U_i, n]`` this process's distinct rows (``U_i`` differs between processes).
+      counts: ``int64[U_i]`` their exact counts.
+      vocab_size: ``V``.
+
+    Returns ``rows int32[U, n]`` (distinct, lexicographically sorted) and ``int64[U]`` counts
+    summed over processes — exact: the counts travel as two ``int32`` halves, so the collective
+    needs no x64.
+    """
+    if jax.process_count() == 1:
+        return rows, counts
+    from jax.experimental import multihost_utils
+    from saffu.ngram.counts import merge_rows            # ngram imports the engine: no module-level import
+    counts = np.asarray(counts, np.int64)
+    halves = np.stack([(counts >> 32).astype(np.int32), (counts & 0xFFFFFFFF).astype(np.uint32).view(np.int32)], 1)
+    table = np.concatenate([np.asarray(rows, np.int32), halves], axis=1)                # [U_i, n + 2]
+    lengths = np.asarray(multihost_utils.process_allgather(np.asarray([len(table)], np.int32))).reshape(-1)
+    padded = np.zeros((max(int(lengths.max()), 1), table.shape[1]), np.int32)
+    padded[:len(table)] = table
+    gathered = np.asarray(multihost_utils.process_allgather(padded))                  # [P, max U_i, n + 2]
+    parts = []
+    for length, part in zip(lengths, gathered):
+        part = part[:length]
+        high, low = part[:, -2].astype(np.int64), part[:, -1].view(np.uint32).astype(np.int64)
+        parts.append((part[:, :-2], (high << 32) | low))
+    return merge_rows(parts, vocab_size)
 
 
 def local_mesh(num_devices: int | None = None, axis_name: str = DEVICE_AXIS) -> Mesh:

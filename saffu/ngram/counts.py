@@ -35,6 +35,7 @@ from tqdm.auto import tqdm
 from saffu._io import SaffuError
 from saffu.data.tokenizer import EOD_ID, PAD_ID
 from saffu.data.windows import window_at
+from saffu.engine import distributed
 from saffu.engine.accumulators import document_context
 
 
@@ -158,16 +159,21 @@ def count_rows(stream: np.ndarray, columns: tuple[int, ...], ranges: list[tuple[
       progress: progress-bar label, or ``None``.
 
     Returns ``rows int32[U, len(columns) + 1]`` (lexicographically sorted) and their ``int64[U]``
-    counts; counts of ranges and of hosts add (exact integers).
+    counts; counts of ranges and of hosts add (exact integers). In a multi-process job
+    (:mod:`saffu.engine.distributed`) each process counts its own documents of every range and
+    the tables are merged over processes, so every process returns the same (whole) table.
     """
     if len(stream) == 0 or int(stream[0]) != EOD_ID:
         raise SaffuError("the token stream must start with <eod> (the opening document start); "
                          "use a stream written by `saffu prepare`")
+    local = [(begin, check_range(stream, begin, end)) for begin, end in ranges]
+    if jax.process_count() > 1:  # multi-process job: this process's documents of each range, then a merge
+        local = [distributed.document_shard(stream, jax.process_index(), jax.process_count(), begin, end)
+                 for begin, end in local]
     pending_rows: list[np.ndarray] = []
     pending_counts: list[np.ndarray] = []
     pending = 0
-    for begin, end in ranges:
-        end = check_range(stream, begin, end)
+    for begin, end in local:
         for rows in iter_rows(stream, columns, begin, end, vocab_size, chunk_size, progress):
             rows, counts = _unique_rows(rows, np.ones(len(rows), np.int64), vocab_size)
             pending_rows.append(rows)
@@ -176,9 +182,12 @@ def count_rows(stream: np.ndarray, columns: tuple[int, ...], ranges: list[tuple[
             if pending > _MERGE_ROWS and len(pending_rows) > 1:
                 merged = _unique_rows(np.concatenate(pending_rows), np.concatenate(pending_counts), vocab_size)
                 pending_rows, pending_counts, pending = [merged[0]], [merged[1]], len(merged[0])
-    if not pending_rows:
+    rows, counts = (_unique_rows(np.concatenate(pending_rows), np.concatenate(pending_counts), vocab_size)
+                    if pending_rows else (np.zeros((0, len(columns) + 1), np.int32), np.zeros(0, np.int64)))
+    rows, counts = distributed.merge_rows_over_processes(rows, counts, vocab_size)
+    if not len(rows):
         raise SaffuError(f"no targets to count in {ranges}")
-    return _unique_rows(np.concatenate(pending_rows), np.concatenate(pending_counts), vocab_size)
+    return rows, counts
 
 
 def merge_rows(parts: list[tuple[np.ndarray, np.ndarray]], vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
