@@ -46,8 +46,9 @@ def main(argv=None):
                         help="context-count bucket edges (none: one temperature per group)")
     parser.add_argument("--bucket-by", type=int, default=None,
                         help="index of the group whose context count sets every group's bucket (default: own)")
-    parser.add_argument("--smoothing", choices=["dirichlet", "witten_bell"], default=default.smoothing,
-                        help="one μ per group, or μ_c = μ · (distinct targets after c)")
+    parser.add_argument("--smoothing", choices=["dirichlet", "witten_bell", "kneser_ney"], default=default.smoothing,
+                        help="dirichlet: one μ; witten_bell: μ_c = μ · (distinct targets after c); kneser_ney: modified "
+                             "Kneser-Ney on the nested chain, witten_bell elsewhere")
     parser.add_argument("--no-nested", action="store_true",
                         help="smooth every group towards the unigram (not towards the group it extends)")
     parser.add_argument("--holdout-tokens", type=int, default=default.holdout_tokens,

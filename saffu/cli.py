@@ -616,8 +616,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="context-count bucket edges; each group has a temperature per bucket (none: one)")
     p.add_argument("--bucket-by", type=int, default=exact.bucket_by,
                    help="index of the group whose context count sets every group's bucket (default: each its own)")
-    p.add_argument("--smoothing", choices=["dirichlet", "witten_bell"], default=exact.smoothing,
-                   help="one --mu per group, or a context's strength --mu × its distinct successors")
+    p.add_argument("--smoothing", choices=["dirichlet", "witten_bell", "kneser_ney"], default=exact.smoothing,
+                   help="one --mu per group (dirichlet); a context's strength --mu × its distinct successors "
+                        "(witten_bell); or kneser_ney: modified Kneser-Ney discounts and continuation counts on the "
+                        "nested chain, witten_bell elsewhere")
     p.add_argument("--no-nested", dest="nested", action="store_false",
                    help="smooth every group towards the unigram, not towards the group it extends")
     p.add_argument("--holdout-tokens", type=int, default=exact.holdout_tokens,

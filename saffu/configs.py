@@ -317,8 +317,15 @@ class ExactConfig:
       smoothing: ``"dirichlet"`` (one ``μ`` for every context) or ``"witten_bell"`` (a
         context's strength grows with ``t(c)``, the distinct targets seen after it: a context
         followed by many different tokens leaves more mass to the distribution it is smoothed
-        towards, as Kneser-Ney's discounts do). The defaults, Witten-Bell with ``κ = 2``, are
-        what held-out training data picked on babylm-2023-4src (held-out loss 4.2957 / 4.2804 /
+        towards, as Kneser-Ney's discounts do); or ``"kneser_ney"``: groups smoothed towards
+        another (``nested``) use interpolated modified Kneser-Ney — discounts ``D1, D2, D3+``
+        per group from its count-of-counts, back-off mass ``Σ_y D(n(c, y)) / n(c)`` — and a
+        nested group that is itself a parent counts continuations ``N1+(• c y)`` (distinct
+        extensions seen in its child's rows) instead of raw counts; groups smoothed towards the
+        unigram keep Witten-Bell ``κ · t(c)``; the chain's root (``(0,)``) is smoothed towards
+        the continuation unigram ``N1+(• y)`` and its rows carry ``log(p_cont / p)``, so it is
+        stored densely. The defaults, ``kneser_ney`` with ``κ = 2``, are what held-out training
+        data picked on babylm-2023-4src (held-out loss 4.2057; Witten-Bell 4.2957 / 4.2804 /
         4.2898 for κ = 1 / 2 / 4; Dirichlet μ = 100: 4.3849; ``experiments/exact_explicit.py``).
       buckets: lower edges of the context-count buckets after the first (contexts seen fewer
         than ``buckets[0]`` times are bucket 0); each group has one temperature per bucket
@@ -344,7 +351,7 @@ class ExactConfig:
     buckets: tuple[int, ...] = (3, 10, 30, 100, 1000, 10000)
     bucket_by: int | None = None
     nested: bool = True
-    smoothing: str = "witten_bell"
+    smoothing: str = "kneser_ney"
     holdout_tokens: int = 32_768
     calibration_iterations: int = 10
     chunk_size: int = 1 << 16
@@ -357,8 +364,9 @@ class ExactConfig:
             raise SaffuError(f"Dirichlet smoothing needs mu > 0 (got {self.mu})")
         if list(self.buckets) != sorted(set(self.buckets)) or any(b < 2 for b in self.buckets):
             raise SaffuError(f"bucket edges must be increasing counts ≥ 2, got {self.buckets}")
-        if self.smoothing not in ("dirichlet", "witten_bell"):
-            raise SaffuError(f"exact smoothing must be 'dirichlet' or 'witten_bell', got {self.smoothing!r}")
+        if self.smoothing not in ("dirichlet", "witten_bell", "kneser_ney"):
+            raise SaffuError(f"exact smoothing must be 'dirichlet', 'witten_bell' or 'kneser_ney', "
+                             f"got {self.smoothing!r}")
         if self.bucket_by is not None and not 0 <= self.bucket_by < len(self.groups):
             raise SaffuError(f"bucket_by {self.bucket_by} is not a group index (0 … {len(self.groups) - 1})")
 
@@ -385,6 +393,110 @@ class ExactConfig:
         """Per predicted token: the context searches are ~free; every group adds a ``V``-wide row
         (its constant, a dense row or a sparse scatter), then the softmax: ``(G + 1) · V``."""
         return float((len(self.groups) + 1) * self.vocab_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class FactorisedConfig:
+    """The factorised explicit model, a SAFFU variant on explicit embeddings (the model is
+    :mod:`saffu.models.factorised`, its explicit solution :mod:`saffu.solve.factors`)::
+
+        h = Σ_{p < positions} E_p[x_{t−p}] + Σ_h u_h G_h,    logits = b + h B
+
+    ``E_p`` (``V × r``) are per-offset explicit embeddings and ``B`` (``r × V``) the shared output
+    factor — the rank-``r`` factorisation of the stacked exact offset matrices; ``u_h`` is SAFFU
+    attention (``softmax(X x_h W_A)``, no projections) over the ``E_0`` rows of the last
+    ``max(1, radius >> h)`` tokens, mapped into the factor space by ``G_h`` (``r × r``, zero in the
+    explicit solution, so attention only starts to count once training moves it).
+
+    Attributes:
+      vocab_size: ``V``.
+      rank: ``r``, the width of the embeddings and of the output factor.
+      positions: nearest tokens with their own embedding table (offsets ``0 … positions − 1``).
+      radius: tokens the attention heads read (the head included).
+      heads: attention heads (``0``: none).
+    """
+
+    vocab_size: int
+    rank: int = 96
+    positions: int = 3
+    radius: int = 8
+    heads: int = 1
+    kind: str = "factorised"
+
+    def __post_init__(self):
+        if self.rank < 1 or self.positions < 1 or self.heads < 0 or self.radius < 1:
+            raise SaffuError("factorised models need rank ≥ 1, positions ≥ 1, radius ≥ 1 and heads ≥ 0")
+        if self.rank > self.vocab_size:
+            raise SaffuError(f"--rank {self.rank} exceeds the vocabulary ({self.vocab_size})")
+
+    def head_radius(self, head: int) -> int:
+        return max(1, self.radius >> head)
+
+    @property
+    def context(self) -> int:
+        """Tokens of left context a prediction reads."""
+        return max(self.positions, self.radius if self.heads else 0)
+
+    @property
+    def eval_seq_len(self) -> int:
+        """Targets per evaluation window."""
+        return 256
+
+    def init(self, key) -> Params:
+        """Random init (cold start), see :func:`saffu.models.factorised.init_params`."""
+        from saffu.models.factorised import init_params
+        return init_params(self, key)
+
+    def logits(self, params: Params, tokens):
+        """:func:`saffu.models.factorised.factorised_logits`: ``int32[B, S]`` -> ``float32[B, S, V]``."""
+        from saffu.models.factorised import factorised_logits
+        return factorised_logits(params, self, tokens)
+
+    def forward_flops(self, seq_len: int = 0) -> float:
+        """Per predicted token: the output factor ``2 r V`` (the embedding sums are lookups),
+        per head the similarities, scores and value over its radius and ``G_h`` (``2 r²``)."""
+        r = self.rank
+        attention = sum(2 * (2 * self.head_radius(h) * r + self.head_radius(h) ** 2) + 2 * r * r
+                        for h in range(self.heads))
+        return float(2 * r * self.vocab_size + attention)
+
+
+@dataclasses.dataclass(frozen=True)
+class FactorConfig:
+    """How :func:`saffu.solve.factors.solve_factorised` finds the explicit factors.
+
+    Attributes:
+      mu: Witten-Bell scale ``κ`` of the exact offset groups (``μ_c = κ · t(c)``, smoothed towards
+        the unigram), as :class:`ExactConfig`.
+      column_power: columns (targets ``y``) of the stacked matrix weighted by ``p(y)^a`` before
+        the SVD (rows by ``√n(c)``): a rare target's large log-ratio stops dominating the
+        squared error (``0``: unweighted). ``0.5`` was picked on held-out training data
+        (``experiments/factorised.py``).
+      oversample, power_iterations, seed: of the randomized SVD
+        (:func:`saffu.solve.factors.randomized_svd`).
+      buckets: context-count bucket edges of the temperatures (one per offset and bucket, folded
+        into the embeddings), as :class:`ExactConfig`.
+      holdout_tokens: whole training documents kept out of the counts to calibrate the
+        temperatures (Newton; convex).
+      calibration_iterations: Newton iterations (at most).
+      chunk_size: targets per counting step.
+    """
+
+    mu: float = 2.0
+    column_power: float = 0.5
+    oversample: int = 16
+    power_iterations: int = 2
+    seed: int = 0
+    buckets: tuple[int, ...] = (3, 10, 30, 100, 1000, 10000)
+    holdout_tokens: int = 32_768
+    calibration_iterations: int = 10
+    chunk_size: int = 1 << 16
+
+    def __post_init__(self):
+        if list(self.buckets) != sorted(set(self.buckets)) or any(b < 2 for b in self.buckets):
+            raise SaffuError(f"bucket edges must be increasing counts ≥ 2, got {self.buckets}")
+        if not self.mu > 0 or self.column_power < 0 or self.oversample < 0 or self.power_iterations < 0:
+            raise SaffuError("factor solve needs mu > 0 and column_power, oversample, power_iterations ≥ 0")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,7 +29,7 @@ def in_document_context(stream, head, offsets):
 
 @pytest.mark.parametrize("bucket_by, nested, smoothing", [(None, False, "dirichlet"), (2, False, "dirichlet"),
                                                          (None, True, "dirichlet"), (2, True, "dirichlet"),
-                                                         (None, True, "witten_bell")])
+                                                         (None, True, "witten_bell"), (None, True, "kneser_ney")])
 def test_sparse_model_equals_the_dense_float64_formula(tiny_workdir, bucket_by, nested, smoothing):
     V = tiny_workdir.vocab_size
     mu = 5.0 if smoothing == "dirichlet" else 0.7
@@ -55,23 +55,39 @@ def test_sparse_model_equals_the_dense_float64_formula(tiny_workdir, bucket_by, 
     for g in range(len(config.groups)):
         for (c, _), count in pairs[g].items():
             context_count[g][c] += count
+    # Kneser-Ney: (0,) counts continuations N1+(• c y) (distinct x_{t-2} in (0, 1)'s rows) and is
+    # smoothed towards the continuation unigram N1+(• y); both nested levels are discounted
+    continuation = Counter(((c[0],), y) for c, y in pairs[2])
+    smooth = [continuation if smoothing == "kneser_ney" else pairs[0], pairs[1], pairs[2]]
+    distinct = np.bincount([y for _, y in pairs[0]], minlength=V) + 0.5
+    p_continuation = distinct / distinct.sum()
+
+    def discounts(table):
+        n = [max(sum(1 for k in table.values() if k == i), 1) for i in range(1, 5)]
+        y = n[0] / (n[0] + 2 * n[1])
+        return [0.0] + [min(max(i - (i + 1) * y * n[i] / n[i - 1], 0.1), 0.9 * i) for i in range(1, 4)]
+
     def conditional(g, p):
-        """Group g's smoothed P(· | its context at p), and the distribution it is smoothed towards."""
-        towards = conditional(0, p)[0] if nested and g == 2 else prior     # (0, 1) extends (0,)
+        """Group g's smoothed P(· | its context at p), and the distribution L is relative to."""
+        relative = conditional(0, p)[0] if nested and g == 2 else prior     # (0, 1) extends (0,)
         c = in_document_context(dev, p, config.groups[g])
-        seen = np.array([pairs[g].get((c, y), 0) for y in range(V)], np.float64)
-        strength = config.mu * (seen > 0).sum() if smoothing == "witten_bell" else config.mu
-        if strength == 0:                                 # a context never counted: the prior itself
-            return towards, towards
-        return (seen + strength * towards) / (context_count[g][c] + strength), towards
+        seen = np.array([smooth[g].get((c, y), 0) for y in range(V)], np.float64)
+        if seen.sum() == 0:                               # a context never counted: L = 0
+            return relative, relative
+        if smoothing == "kneser_ney" and g != 1:          # modified Kneser-Ney on the nested chain
+            towards = p_continuation if g == 0 else relative
+            d = np.array(discounts(smooth[g]))[np.minimum(seen, 3).astype(int)]
+            return (seen - d) / seen.sum() + d.sum() / seen.sum() * towards, relative
+        strength = config.mu * (seen > 0).sum() if smoothing != "dirichlet" else config.mu
+        return (seen + strength * relative) / (seen.sum() + strength), relative
 
     for g, offsets in enumerate(config.groups):
         by = g if bucket_by is None else bucket_by
         for p in range(len(dev)):
-            smoothed, towards = conditional(g, p)
+            smoothed, relative = conditional(g, p)
             by_count = context_count[by][in_document_context(dev, p, config.groups[by])]
             bucket = np.searchsorted(config.buckets, by_count, side="right")
-            reference[p] += beta[g, bucket] * (np.log(smoothed) - np.log(towards))
+            reference[p] += beta[g, bucket] * (np.log(smoothed) - np.log(relative))
     got = np.asarray(exact_logits(params, config, jnp.asarray(dev[None].astype(np.int32))))[0]
     np.testing.assert_allclose(got, reference, atol=1e-5)            # float32 tables vs float64
 

@@ -50,8 +50,28 @@ def complement(ranges: list[tuple[int, int]], begin: int, end: int) -> list[tupl
     return out
 
 
+def kneser_ney_discounts(counts: np.ndarray) -> np.ndarray:
+    """Modified Kneser-Ney discounts ``[D1, D2, D3+]`` from the count-of-counts ``n_1 … n_4``
+    of one group's rows (Chen & Goodman): ``Y = n1 / (n1 + 2 n2)``, ``D_i = i − (i + 1) Y n_{i+1} / n_i``,
+    clipped into ``[0.1, 0.9 i]`` (a small corpus can give discounts outside ``(0, i)``)."""
+    n = [max(int((counts == i).sum()), 1) for i in range(1, 5)]
+    y = n[0] / (n[0] + 2 * n[1])
+    raw = np.array([1 - 2 * y * n[1] / n[0], 2 - 3 * y * n[2] / n[1], 3 - 4 * y * n[3] / n[2]])
+    return np.clip(raw, 0.1, 0.9 * np.arange(1, 4))
+
+
+def continuation_counts(child_rows: np.ndarray, order: int) -> np.ndarray:
+    """``N1+(• c y)`` for every distinct (context, target) row of a group with ``order`` context
+    tokens, from the rows of a child group whose offsets extend it by one (the child's first
+    ``order`` tokens are the group's context): the distinct extensions seen with each row, in the
+    group's (lexicographic) row order."""
+    keys = np.concatenate([child_rows[:, :order], child_rows[:, -1:]], axis=1)
+    return np.unique(keys, axis=0, return_counts=True)[1].astype(np.int64)    # lexicographic, as the rows
+
+
 def build_group(rows: np.ndarray, counts: np.ndarray, order: int, prior: np.ndarray, mu: float,
-                buckets: tuple[int, ...], row_prior: np.ndarray | None = None, per_type: bool = False):
+                buckets: tuple[int, ...], row_prior: np.ndarray | None = None, per_type: bool = False,
+                discount: bool = False, smooth_counts: np.ndarray | None = None, shift: np.ndarray | None = None):
     """The tables of one group from its counted rows.
 
     Args:
@@ -66,6 +86,15 @@ def build_group(rows: np.ndarray, counts: np.ndarray, order: int, prior: np.ndar
         group is smoothed towards (a nested group's parent conditional); ``None``: ``prior``.
         A seen entry is ``log(1 + n(c, y) / (μ · row_prior))`` either way, and the value ``L`` is
         relative to that distribution.
+      discount: interpolated modified Kneser-Ney instead: ``P(y | c) = (n(c, y) − D(n(c, y))) / n(c)
+        + γ(c) · row_prior`` with ``γ(c) = Σ_y D(n(c, y)) / n(c)`` (discounts from the group's
+        count-of-counts, :func:`kneser_ney_discounts`); seen entries
+        ``log(1 + (n − D) / (n(c) γ(c) row_prior))``, const ``log γ(c)``.
+      smooth_counts: ``int64[U]``, the counts the smoothing uses in place of ``counts`` (Kneser-Ney
+        continuation counts, :func:`continuation_counts`); buckets stay on ``counts``.
+      shift: ``float64[V]`` added to the row of every seen context (then all of them are dense):
+        ``log(row_prior / p)`` for a root group smoothed towards a distribution other than the
+        prior ``p`` (Kneser-Ney's continuation unigram), so ``L`` stays relative to ``p``.
 
     Returns the group's arrays (numpy; see :mod:`saffu.models.exact`), a summary (contexts,
     seen pairs, dense contexts, row width ``k``, megabytes) and ``float64[U]``, the smoothed
@@ -86,29 +115,39 @@ def build_group(rows: np.ndarray, counts: np.ndarray, order: int, prior: np.ndar
         levels.append({"start": start, "token": token.astype(np.int32)})
         num_ids = len(unique)
     C = num_ids
-    n_context = np.bincount(ids, weights=counts, minlength=C)             # n(c)
+    bucket_count = np.bincount(ids, weights=counts, minlength=C)          # n(c), raw: the buckets
+    smooth = (counts if smooth_counts is None else smooth_counts).astype(np.float64)
+    n_context = np.bincount(ids, weights=smooth, minlength=C)             # n(c) the smoothing sees
     types = np.bincount(ids, minlength=C)                                 # seen targets of c
     targets = rows[:, order].astype(np.int64)
     row_prior = prior[targets] if row_prior is None else row_prior
-    # μ_c: one μ (Dirichlet) or μ · t(c) (Witten-Bell; a context never seen keeps μ: n(c) = 0, const 0)
-    strength = np.where(types > 0, mu * types, mu) if per_type else np.full(C, mu)
-    delta64 = np.log1p(counts / (strength[ids] * row_prior))               # L − const, seen pairs
+    if discount:          # modified Kneser-Ney (a context never seen: γ = 1, const 0)
+        d = kneser_ney_discounts(smooth)[np.minimum(smooth, 3).astype(np.int64) - 1]
+        mass = np.bincount(ids, weights=d, minlength=C)                   # Σ_y D(n(c, y)) = n(c) γ(c)
+        delta64 = np.log1p((smooth - d) / (mass[ids] * row_prior))
+        const64 = np.log(np.where(n_context > 0, mass / np.maximum(n_context, 1), 1.0))
+    else:
+        # μ_c: one μ (Dirichlet) or μ · t(c) (Witten-Bell; a context never seen keeps μ: n(c) = 0, const 0)
+        strength = np.where(types > 0, mu * types, mu) if per_type else np.full(C, mu)
+        delta64 = np.log1p(smooth / (strength[ids] * row_prior))          # L − const, seen pairs
+        const64 = np.log(strength / (n_context + strength))                 # every unseen pair of c
     delta = delta64.astype(np.float32)
-    const64 = np.log(strength / (n_context + strength))                     # every unseen pair of c
     const = np.zeros(C + 1, np.float32)
     const[:C] = const64
     log_p_rows = np.log(row_prior) + const64[ids] + delta64
     bucket = np.zeros(C + 1, np.int32)
-    bucket[:C] = np.searchsorted(np.asarray(buckets), n_context, side="right")
+    bucket[:C] = np.searchsorted(np.asarray(buckets), bucket_count, side="right")
     # the row width k that minimises sparse (C·k·8 bytes) plus dense ((#contexts > k)·V·4) storage
     cost = {k: (C + 1) * k * 8 + int((types > k).sum()) * V * 4 for k in ROW_WIDTHS}
-    k = min(cost, key=cost.get)
-    dense = types > k
+    k = min(cost, key=cost.get) if shift is None else ROW_WIDTHS[0]
+    dense = types > k if shift is None else np.ones(C, bool)
     dense_index = np.full(C + 1, int(dense.sum()), np.int32)
     dense_index[:C][dense] = np.arange(int(dense.sum()))
     dense_rows = np.zeros((int(dense.sum()) + 1, V), np.float32)
+    if shift is not None:
+        dense_rows[:-1] = shift.astype(np.float32)
     in_dense = dense[ids]
-    dense_rows[dense_index[ids[in_dense]], targets[in_dense]] = delta[in_dense]
+    dense_rows[dense_index[ids[in_dense]], targets[in_dense]] += delta[in_dense]
     # sparse rows: rank of each pair within its context (rows are sorted by context id)
     first_of_context = np.searchsorted(ids, np.arange(C))
     rank = np.arange(len(ids)) - first_of_context[ids]
@@ -183,9 +222,19 @@ def solve_exact(workdir: WorkDir, config: ExactConfig, progress: bool = True) ->
     tick = time.perf_counter()
     groups: list = [None] * len(config.groups)
     log_p_rows: list = [None] * len(config.groups)
+    parents = [parent_group(config.groups, g) if config.nested else None for g in range(len(config.groups))]
+    kneser_ney = config.smoothing == "kneser_ney"
     for g in sorted(range(len(config.groups)), key=lambda i: len(config.groups[i])):   # parents first
         offsets, (rows, counts) = config.groups[g], counted_rows[g]
-        parent = parent_group(config.groups, g) if config.nested else None
+        parent = parents[g]
+        # Kneser-Ney: a nested group that a child (one offset longer) is smoothed towards counts continuations
+        children = [h for h in range(len(config.groups)) if parents[h] == g
+                    and len(config.groups[h]) == len(offsets) + 1]
+        smooth_counts = (continuation_counts(counted_rows[children[0]][0], len(offsets))
+                         if kneser_ney and children else None)
+        if smooth_counts is not None and len(smooth_counts) != len(rows):
+            raise AssertionError(f"group {offsets}: {len(smooth_counts)} continuation rows for {len(rows)} rows")
+        shift = None
         row_prior = None
         if parent is not None:         # P_parent(y | the parent's part of c) at every seen row
             m = len(config.groups[parent])
@@ -194,8 +243,14 @@ def solve_exact(workdir: WorkDir, config: ExactConfig, progress: bool = True) ->
             keys = parent_ids * V + parent_rows[:, m]                         # sorted, like the rows
             query = host_context_ids(groups[parent]["levels"], rows[:, :m], V) * V + rows[:, -1]
             row_prior = np.exp(log_p_rows[parent][np.searchsorted(keys, query)])
-        groups[g], summary, log_p_rows[g] = build_group(rows, counts, len(offsets), prior, config.mu, config.buckets,
-                                                        row_prior, config.smoothing == "witten_bell")
+        elif smooth_counts is not None:  # a Kneser-Ney chain's root: towards the continuation unigram
+            distinct = np.bincount(rows[:, -1], minlength=V) + 0.5            # N1+(• y), floored
+            continuation = distinct / distinct.sum()
+            row_prior, shift = continuation[rows[:, -1]], np.log(continuation) - np.log(prior)
+        groups[g], summary, log_p_rows[g] = build_group(
+            rows, counts, len(offsets), prior, config.mu, config.buckets, row_prior,
+            config.smoothing in ("witten_bell", "kneser_ney"), kneser_ney and (parent is not None or shift is not None),
+            smooth_counts, shift)
         report.update({f"group{g}_{key}": value for key, value in summary.items()})
         report[f"group{g}_parent"] = -1 if parent is None else parent
     params = jax.tree.map(jnp.asarray, {"log_prior": np.log(prior).astype(np.float32),
@@ -216,21 +271,31 @@ def solve_exact(workdir: WorkDir, config: ExactConfig, progress: bool = True) ->
     return params, report
 
 
-def _newton_terms(params: Params, config: ExactConfig, windows: jax.Array, mask: jax.Array):
+def exact_rows(params: Params, config: ExactConfig, tokens: jax.Array):
+    """The exact model as ``logits = base + Σ_g β[g, bucket_g] · row_g``: ``tokens int32[B, S]``
+    -> ``(base float32[V] or [B·S, V], iterator of (row_g float32[B·S, V], bucket_g int32[B·S]))``
+    (what :func:`calibrate` fits the temperatures of)."""
+    return params["log_prior"], group_rows(params, config, tokens)
+
+
+def _newton_terms(params: Params, config, rows_fn, windows: jax.Array, mask: jax.Array):
     """Loss, gradient ``float32[G·B]`` and Hessian ``float32[G·B, G·B]`` of the summed NLL of
-    one batch of windows over the temperatures ``params["beta"]``, and the target count.
+    one batch of windows over the temperatures ``params["beta"]`` (``float32[G, B]``) of a model
+    whose logits ``rows_fn(params, config, windows)`` splits as in :func:`exact_rows`, and the
+    target count.
 
     The moments are plain float32 sums over the vocabulary (one per group and one per pair of
     groups), not matmuls, so no backend lowers their precision."""
     context = config.context
-    G, B = len(config.groups), config.num_buckets
+    G, B = params["beta"].shape
     rows, active = [], []
-    for g, (row, bucket) in enumerate(group_rows(params, config, windows)):
+    base, group_terms = rows_fn(params, config, windows)
+    for g, (row, bucket) in enumerate(group_terms):
         rows.append(row)
         active.append(g * B + bucket)
     slot = jnp.stack(active, axis=1)                                       # [P, G]
     beta = params["beta"].reshape(-1)[slot]                                # [P, G]
-    logits = params["log_prior"][None, :] + sum(beta[:, g, None] * rows[g] for g in range(G))
+    logits = jnp.broadcast_to(base, rows[0].shape) + sum(beta[:, g, None] * rows[g] for g in range(G))
     log_p = jax.nn.log_softmax(logits, axis=-1)
     p = jnp.exp(log_p)
     targets = jnp.pad(windows[:, 1:], ((0, 0), (0, 1))).reshape(-1)       # position p predicts p + 1
@@ -260,10 +325,12 @@ def _penalty(G: int, B: int, strength: float) -> np.ndarray:
     return strength * D.T @ D
 
 
-def calibrate(params: Params, config: ExactConfig, stream: np.ndarray, ranges: list[tuple[int, int]],
+def calibrate(params: Params, config, stream: np.ndarray, ranges: list[tuple[int, int]],
               progress: bool = True, seq_len: int = 128, batch_size: int = 4, smoothness: float = 0.01,
-              parts: int = 4):
-    """Damped Newton on ``β[g, bucket]`` over the targets of ``ranges`` (convex).
+              parts: int = 4, rows_fn=exact_rows, iterations: int | None = None):
+    """Damped Newton on ``β[g, bucket]`` (``params["beta"]``) over the targets of ``ranges``
+    (convex), for the exact model or any model that ``rows_fn`` splits as :func:`exact_rows`
+    does; ``iterations`` defaults to ``config.calibration_iterations``.
 
     Minimises the mean held-out NLL plus the smoothness penalty of :func:`_penalty` (weight
     ``smoothness`` per held-out token). Starts from ``β = 1/G`` (summed LLR groups over-count
@@ -274,7 +341,7 @@ def calibrate(params: Params, config: ExactConfig, stream: np.ndarray, ranges: l
     """
     batches = [(jnp.asarray(w), jnp.asarray(m)) for w, m in range_windows(stream, ranges, config.context, seq_len,
                                                                           batch_size)]
-    step = jax.jit(_newton_terms, static_argnums=1)
+    step = jax.jit(_newton_terms, static_argnums=(1, 2))
     G, B = params["beta"].shape
     evaluations = 0.0
     penalty = _penalty(G, B, smoothness)
@@ -286,7 +353,7 @@ def calibrate(params: Params, config: ExactConfig, stream: np.ndarray, ranges: l
         current = {**params, "beta": jnp.asarray(beta.reshape(G, B), jnp.float32)}
         total, grad, hess, count = 0.0, np.zeros(G * B), np.zeros((G * B, G * B)), 0.0
         for windows, mask in used:
-            l, gr, h, c = step(current, config, windows, mask)
+            l, gr, h, c = step(current, config, rows_fn, windows, mask)
             total, grad, hess, count = (total + float(l), grad + np.asarray(gr, np.float64),
                                         hess + np.asarray(h, np.float64), count + float(c))
         return total / count, grad / count, hess / count
@@ -312,7 +379,8 @@ def calibrate(params: Params, config: ExactConfig, stream: np.ndarray, ranges: l
     first = batches[::parts]
     loss_beta1 = evaluate(np.ones(G * B), first)[0]
     with tqdm(total=2, desc="calibrate", disable=not progress, leave=False) as bar:
-        beta, _ = newton(np.full(G * B, 1.0 / G), first, config.calibration_iterations)
+        beta, _ = newton(np.full(G * B, 1.0 / G), first,
+                         config.calibration_iterations if iterations is None else iterations)
         bar.update()
         beta, loss = newton(beta, batches, 3)
         bar.update()
