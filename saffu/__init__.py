@@ -9,8 +9,9 @@ The package is laid out as the pipeline runs, imports flowing one way (top to bo
   (meshes, multi-process sums), closed-form smoothing formulas, FLOP and memory accounting;
 * ``ngram`` — exact sparse n-gram counts, Kneser-Ney, ARPA files;
 * ``models`` — the shared model interface and losses, the SAFFU stack, the cipher bigram
-  layer, the transformer baseline;
-* ``solve`` — explicit solutions of the models (SAFFU stage by stage, the bigram layer);
+  layer, the exact token-resolution model, the factorised model, the transformer baseline;
+* ``solve`` — explicit solutions of the models (SAFFU stage by stage, the bigram layer, the
+  exact groups, their low-rank factors);
 * ``training`` — the one trainer (warm or cold start) and run directories / checkpoints;
 * ``eval`` — metrics, scoring and generation, BLiMP, the n-gram baseline on work directories;
 * ``cli`` — parses flags and calls the stages above.
@@ -27,7 +28,8 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "saffu._io": ["SaffuError"],
-    "saffu.configs": ["BigramConfig", "CipherConfig", "ExactConfig", "PrepareConfig", "SaffuConfig", "Smoothing",
+    "saffu.configs": ["BigramConfig", "CipherConfig", "ExactConfig", "FactorConfig", "FactorisedConfig",
+                      "PrepareConfig", "SaffuConfig", "Smoothing",
                       "SolverConfig", "TrainConfig", "TransformerConfig", "min_bits"],
     "saffu.data.corpus": ["Corpus", "babylm_corpus", "iter_documents", "text_files_corpus"],
     "saffu.data.download": ["download_babylm"],
@@ -46,10 +48,12 @@ _EXPORTS = {
     "saffu.models.saffu": ["Saffu", "init_params", "saffu_logits"],
     "saffu.models.bigram": ["bigram_nll", "random_bigram"],
     "saffu.models.exact": ["exact_logits"],
+    "saffu.models.factorised": ["factorised_logits"],
     "saffu.models.transformer": ["Transformer"],
     "saffu.solve.saffu": ["solve_explicit"],
     "saffu.solve.bigram": ["fit_explicit_bigram"],
     "saffu.solve.exact": ["solve_exact"],
+    "saffu.solve.factors": ["randomized_svd", "solve_factorised"],
     "saffu.training.trainer": ["train"],
     "saffu.training.checkpoints": ["load_explicit", "load_params", "save_explicit"],
     "saffu.eval.metrics": ["language_model_metrics", "pair_counts", "split_metrics"],

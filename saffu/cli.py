@@ -244,6 +244,9 @@ def _model_config(args, vocab_size: int):
         return configs.TransformerConfig(vocab_size=vocab_size, width=args.width, layers=args.layers,
                                          heads=args.attention_heads, mlp_ratio=args.mlp_ratio,
                                          context_tokens=args.context, max_len=args.max_len)
+    if getattr(args, "model", "saffu") == "factorised":
+        return configs.FactorisedConfig(vocab_size=vocab_size, rank=args.rank, positions=args.positions,
+                                        radius=args.radius, heads=args.heads)
     return configs.SaffuConfig(vocab_size=vocab_size, bits=args.bits, radius=args.radius, heads=args.heads,
                                positions=args.positions, hidden=args.hidden, value_form=args.value_form,
                                blocks=args.blocks)
@@ -326,6 +329,30 @@ def cmd_exact(args) -> dict:
     return metrics
 
 
+def cmd_factorise(args) -> dict:
+    """Explicit low-rank factors of the exact offset groups -> factorised-model run directory."""
+    from saffu.data.workdir import open_workdir
+    from saffu.models.interface import parameter_count
+    from saffu.solve.factors import solve_factorised
+    from saffu.training.checkpoints import save_explicit, save_run_config
+
+    workdir = open_workdir(args.workdir)
+    config = configs.FactorisedConfig(vocab_size=workdir.vocab_size, rank=args.rank, positions=args.positions,
+                                      radius=args.radius, heads=args.heads)
+    solver = configs.FactorConfig(mu=args.mu, column_power=args.column_power, oversample=args.oversample,
+                                  power_iterations=args.power_iterations, seed=args.seed,
+                                  buckets=tuple(args.buckets), holdout_tokens=args.holdout_tokens,
+                                  chunk_size=args.chunk_size)
+    _say(args, f"factorising {config.positions} exact offset groups at rank {config.rank}")
+    params, report = solve_factorised(workdir, config, solver, progress=not args.quiet)
+    Path(args.run).mkdir(parents=True, exist_ok=True)
+    save_run_config(args.run, config, workdir)
+    save_explicit(args.run, params)
+    metrics = {**report, "params": parameter_count(params), **_score_splits(params, config, workdir, args)}
+    _print_metrics(f"explicit factorised model on {workdir.meta['corpus']} -> {args.run}", metrics)
+    return metrics
+
+
 def cmd_train(args) -> dict:
     """Backprop from the explicit solution (warm) or from random init (cold)."""
     import jax
@@ -351,12 +378,12 @@ def cmd_train(args) -> dict:
         if config.kind == "exact":
             raise SaffuError(f"{run} holds the exact token-resolution model, which has no random init; use a new "
                              f"--run directory")
-        if config.kind == "saffu":
+        if config.kind in ("saffu", "factorised"):
             workdir.check_radius(config.radius)
         run.mkdir(parents=True, exist_ok=True)
         save_run_config(run, config, workdir)
         params = config.init(jax.random.fold_in(jax.random.key(args.seed), 0))
-    if config.kind == "saffu":
+    if config.kind in ("saffu", "factorised"):
         workdir.check_radius(config.radius)  # also for explicit runs made from another work directory
     train_config = configs.TrainConfig(
         steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, learning_rate=args.learning_rate,
@@ -600,6 +627,36 @@ def build_parser() -> argparse.ArgumentParser:
     _add_eval_flags(p)
     _add_common(p)
 
+    factorised, factor = configs.FactorisedConfig, configs.FactorConfig
+    p = command("factorise", "explicit low-rank factors -> factorised-model run directory (no backprop)",
+                "Count the exact offset groups, factorise their stacked log-likelihood-ratio matrices with one "
+                "matrix-free randomized SVD (per-offset embeddings E_p, one output factor B), calibrate "
+                "temperatures per offset and count bucket on held-out training documents, save to --run "
+                "(`saffu train --init explicit --run R` warm-starts from it) and score every non-training "
+                "split.", cmd_factorise)
+    p.add_argument("--workdir", type=Path, required=True, help="work directory of `saffu prepare`")
+    p.add_argument("--run", type=Path, required=True, help="run directory to create")
+    p.add_argument("--rank", type=int, default=factorised.rank, help="embedding / output-factor width r")
+    p.add_argument("--positions", type=int, default=factorised.positions,
+                   help="nearest tokens with their own embedding table (offsets 0 … positions − 1)")
+    p.add_argument("--radius", type=int, default=factorised.radius, help="tokens the attention heads read")
+    p.add_argument("--heads", type=int, default=factorised.heads,
+                   help="attention heads (zero in the explicit solution; training moves them)")
+    p.add_argument("--mu", type=float, default=factor.mu, help="Witten-Bell κ of the exact offset groups")
+    p.add_argument("--column-power", type=float, default=factor.column_power,
+                   help="targets weighted by p(y)^a in the SVD (rows by √count)")
+    p.add_argument("--oversample", type=int, default=factor.oversample, help="extra directions of the randomized SVD")
+    p.add_argument("--power-iterations", type=int, default=factor.power_iterations,
+                   help="subspace iterations of the randomized SVD")
+    p.add_argument("--seed", type=int, default=factor.seed, help="seed of the randomized SVD")
+    p.add_argument("--buckets", type=int, nargs="*", default=list(factor.buckets),
+                   help="context-count bucket edges of the temperatures (none: one per offset)")
+    p.add_argument("--holdout-tokens", type=int, default=factor.holdout_tokens,
+                   help="whole training documents kept out of the counts for the temperatures")
+    p.add_argument("--chunk-size", type=int, default=factor.chunk_size, help="targets per counting step")
+    _add_eval_flags(p)
+    _add_common(p)
+
     exact = configs.ExactConfig
     p = command("exact", "explicit token-resolution model -> run directory (no backprop)",
                 "Count exact-token context groups (offsets and conjunctions), solve their log-likelihood-"
@@ -636,8 +693,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run", type=Path, required=True, help="run directory (of `saffu fit` for --init explicit)")
     p.add_argument("--init", choices=["explicit", "random"], required=True,
                    help="explicit: warm start from --run's explicit solution; random: cold start")
-    p.add_argument("--model", choices=["saffu", "transformer"], default="saffu",
+    p.add_argument("--model", choices=["saffu", "transformer", "factorised"], default="saffu",
                    help="architecture of a new random-init run (an existing run keeps its own)")
+    p.add_argument("--rank", type=int, default=configs.FactorisedConfig.rank,
+                   help="embedding / output-factor width r of a factorised model")
     _add_architecture_flags(p)
     tf = configs.TransformerConfig
     t = p.add_argument_group("transformer (with --model transformer)")
@@ -750,7 +809,7 @@ def main(argv: list[str] | None = None) -> int:
     warnings.showwarning = _one_line_warnings(warnings.showwarning)
     try:
         _check_writable(args.metrics_json, "--metrics-json")
-        if args.command in ("fit", "train"):
+        if args.command in ("fit", "train", "exact", "factorise"):
             _check_writable(args.run, "--run")
         metrics = args.run_command(args)
         write_metrics(args.metrics_json, metrics)

@@ -18,7 +18,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from saffu._io import SaffuError, atomic_write_json
-from saffu.configs import ExactConfig, SaffuConfig, TransformerConfig
+from saffu.configs import ExactConfig, FactorisedConfig, SaffuConfig, TransformerConfig
 from saffu.data.workdir import WorkDir
 
 
@@ -40,8 +40,10 @@ def save_run_config(run_dir: str | Path, config: SaffuConfig, workdir: WorkDir) 
 
 def model_config(fields: dict):
     """A model config from its ``dataclasses.asdict`` form: :class:`SaffuConfig`, or by ``kind``
-    :class:`saffu.configs.TransformerConfig` or :class:`saffu.configs.ExactConfig`."""
-    kinds = {"saffu": SaffuConfig, "transformer": TransformerConfig, "exact": ExactConfig}
+    :class:`saffu.configs.TransformerConfig`, :class:`saffu.configs.ExactConfig` or
+    :class:`saffu.configs.FactorisedConfig`."""
+    kinds = {"saffu": SaffuConfig, "transformer": TransformerConfig, "exact": ExactConfig,
+             "factorised": FactorisedConfig}
     kind = fields.get("kind", "saffu")
     if kind not in kinds:
         raise SaffuError(f"unknown model kind {kind!r}; this saffu knows {', '.join(kinds)}")
@@ -74,11 +76,11 @@ def load_explicit(run_dir: str | Path, config) -> Params:
     of :func:`saffu.models.saffu.init_params`; for the exact model as saved (its table sizes come
     from the data)."""
     path = (Path(run_dir) / "explicit").resolve()
-    if config.kind not in ("saffu", "exact"):
+    if config.kind not in ("saffu", "exact", "factorised"):
         raise SaffuError(f"{run_dir} holds a {config.kind}, which has no explicit solution; it has no "
                          f"checkpoint yet: train it with `saffu train --run {run_dir}`")
     if not path.exists():
-        command = "saffu exact" if config.kind == "exact" else "saffu fit"
+        command = {"exact": "saffu exact", "factorised": "saffu factorise"}.get(config.kind, "saffu fit")
         raise SaffuError(f"{run_dir} has no explicit solution; run `{command} --run {run_dir}` first")
     try:
         with ocp.StandardCheckpointer() as checkpointer:

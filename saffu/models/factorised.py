@@ -1,0 +1,62 @@
+"""The factorised explicit model: a SAFFU variant that reads explicit embeddings instead of
+cipher codes (:class:`saffu.configs.FactorisedConfig`).
+
+For every position ``t`` of a batch of sequences, with ``x_{t−p}`` the token ``p`` places back
+(``<pad>`` where that lies before the document start — a row of its own, learned like a token)::
+
+    h_t = Σ_{p < P} E_p[x_{t−p}] + Σ_h u_h G_h
+    u_h = aᵀX,  a = softmax((X x_h) W_A^h),  X = E_0[x_{t−m}] for m < max(1, M >> h)
+    logits_t = b + h_t B
+
+The explicit solution (:func:`saffu.solve.factors.solve_factorised`) sets ``E_p`` and ``B`` from
+a rank-``r`` factorisation of the exact offset matrices ``L_p[c, y]``, ``b = log p``, and
+``G_h = 0``, ``W_A = 0``; training moves all of them. Parameters are a plain dict::
+
+    {"embeddings": float32[P, V, r], "output_weights": float32[r, V], "output_bias": float32[V],
+     "attention_{h}": float32[M_h, M_h], "value_weights": float32[H, r, r]}
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from saffu.configs import FactorisedConfig
+from saffu.models.exact import document_contexts
+
+Params = dict[str, Any]
+
+
+def init_params(config: FactorisedConfig, key: jax.Array, scale: float = 0.02) -> Params:
+    """Random init (cold start): weights ``N(0, scale²)``, the output bias 0."""
+    P, V, r, H = config.positions, config.vocab_size, config.rank, config.heads
+    keys = iter(jax.random.split(key, H + 3))
+    params = {"embeddings": scale * jax.random.normal(next(keys), (P, V, r)),
+              "output_weights": scale * jax.random.normal(next(keys), (r, V)),
+              "output_bias": jnp.zeros((V,)),
+              "value_weights": scale * jax.random.normal(next(keys), (H, r, r))}
+    for h in range(H):
+        params[f"attention_{h}"] = scale * jax.random.normal(next(keys), (config.head_radius(h),) * 2)
+    return params
+
+
+def hidden_states(params: Params, config: FactorisedConfig, tokens: jax.Array) -> jax.Array:
+    """``h_t`` of every position: ``int32[B, S]`` -> ``float32[B, S, r]``."""
+    context = document_contexts(tokens, config.context)                     # [B, S, R], <pad> outside
+    P = config.positions
+    embeddings = params["embeddings"]
+    h = jnp.sum(embeddings[jnp.arange(P), context[..., :P]], axis=-2)        # [B, S, r]
+    for head in range(config.heads):
+        X = embeddings[0][context[..., :config.head_radius(head)]]          # [B, S, M_h, r]
+        similarity = jnp.einsum("...mr,...r->...m", X, X[..., 0, :])
+        attention = jax.nn.softmax(similarity @ params[f"attention_{head}"], axis=-1)
+        h = h + jnp.einsum("...m,...mr->...r", attention, X) @ params["value_weights"][head]
+    return h
+
+
+def factorised_logits(params: Params, config: FactorisedConfig, tokens: jax.Array) -> jax.Array:
+    """Next-token logits at every position: ``int32[B, S]`` -> ``float32[B, S, V]``."""
+    logits = hidden_states(params, config, tokens) @ params["output_weights"]
+    return logits + params["output_bias"][None, None, :]

@@ -1,0 +1,139 @@
+"""Explicit low-rank factors (saffu.solve.factors) and the factorised model (saffu.models.factorised)."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from saffu._io import SaffuError
+from saffu.configs import ExactConfig, FactorConfig, FactorisedConfig
+from saffu.engine.explicit import unigram_prior
+from saffu.models.exact import exact_logits
+from saffu.models.factorised import factorised_logits, init_params
+from saffu.ngram.counts import count_rows
+from saffu.solve.exact import solve_exact
+from saffu.solve.factors import factorise, offset_matrix, randomized_svd, solve_factorised
+
+
+def test_randomized_svd_matches_numpy_on_a_matrix_of_known_rank():
+    rng = np.random.default_rng(3)
+    A = rng.standard_normal((120, 7)) @ np.diag([50, 20, 9, 5, 2, 1, 0.5]) @ rng.standard_normal((7, 90))
+    U, s, Vt = randomized_svd(lambda X: A @ X, lambda Y: A.T @ Y, A.shape, rank=7, oversample=5)
+    reference = np.linalg.svd(A, compute_uv=False)
+    np.testing.assert_allclose(s, reference[:7], rtol=1e-10)
+    np.testing.assert_allclose((U * s) @ Vt, A, atol=1e-9)                   # rank 7: exact
+    np.testing.assert_allclose(U.T @ U, np.eye(7), atol=1e-10)
+    # fewer components than the rank: the leading triplets, as numpy's (signs aside)
+    U3, s3, Vt3 = randomized_svd(lambda X: A @ X, lambda Y: A.T @ Y, A.shape, rank=3, oversample=4)
+    u, _, vt = np.linalg.svd(A, full_matrices=False)
+    np.testing.assert_allclose(s3, reference[:3], rtol=1e-8)
+    np.testing.assert_allclose(np.abs(np.sum(U3 * u[:, :3], axis=0)), 1.0, atol=1e-8)
+    np.testing.assert_allclose(np.abs(np.sum(Vt3 * vt[:3], axis=1)), 1.0, atol=1e-8)
+    with pytest.raises(SaffuError, match="rank"):
+        randomized_svd(lambda X: A @ X, lambda Y: A.T @ Y, A.shape, rank=91)
+
+
+def _offset_matrices(workdir, positions, mu=2.0):
+    stream = workdir.tokens(workdir.train_split)
+    V = workdir.vocab_size
+    unigram_rows, unigram_counts = count_rows(stream, (), [(1, len(stream))], vocab_size=V)
+    counts = np.zeros(V, np.int64)
+    counts[unigram_rows[:, 0]] = unigram_counts
+    prior = unigram_prior(counts)
+    out = []
+    for p in range(positions):
+        rows, pair_counts = count_rows(stream, (p,), [(1, len(stream))], vocab_size=V)
+        out.append((offset_matrix(rows, pair_counts, prior, mu), rows, pair_counts))
+    return prior, out
+
+
+def test_offset_matrix_is_the_dense_witten_bell_formula(tiny_workdir):
+    V = tiny_workdir.vocab_size
+    prior, [(S, rows, counts)] = _offset_matrices(tiny_workdir, 1, mu=0.7)
+    n = np.zeros((V, V))
+    n[rows[:, 0], rows[:, 1]] = counts
+    types = (n > 0).sum(axis=1, keepdims=True)
+    reference = np.log1p(n / (0.7 * np.maximum(types, 1) * prior[None, :]))    # 0 where unseen
+    np.testing.assert_allclose(S.toarray(), reference, rtol=1e-12, atol=0)
+
+
+def test_full_rank_factors_are_the_sparse_exact_model(tiny_workdir):
+    """At full rank the factorised model (temperatures 1) has the exact model's log-probabilities
+    (offset groups, Witten-Bell, one temperature 1 each): the constants cancel in the softmax and
+    the balanced factors multiply back to the matrices."""
+    V, P = tiny_workdir.vocab_size, 2
+    prior, parts = _offset_matrices(tiny_workdir, P)
+    matrices = [S for S, _, _ in parts]
+    weights = [np.sqrt(np.maximum(np.bincount(rows[:, 0], weights=counts, minlength=V), 1.0))
+               for _, rows, counts in parts]
+    E, B, s, energy = factorise(matrices, weights, prior ** 0.5, rank=V, oversample=0)
+    assert energy == pytest.approx(1.0, abs=1e-9)
+    for p in range(P):
+        np.testing.assert_allclose(E[p] @ B, matrices[p].toarray(), atol=1e-8)
+    config = FactorisedConfig(vocab_size=V, rank=V, positions=P, heads=0)
+    params = {"embeddings": jnp.asarray(E, jnp.float32), "output_weights": jnp.asarray(B, jnp.float32),
+              "output_bias": jnp.asarray(np.log(prior), jnp.float32), "value_weights": jnp.zeros((0, V, V))}
+    exact = ExactConfig(vocab_size=V, groups=((0,), (1,)), buckets=(), holdout_tokens=0, smoothing="witten_bell",
+                        nested=False)
+    exact_params, _ = solve_exact(tiny_workdir, exact, progress=False)
+    tokens = jnp.asarray(np.asarray(tiny_workdir.tokens("dev"))[None, :64].astype(np.int32))
+    got = jax.nn.log_softmax(factorised_logits(params, config, tokens), axis=-1)
+    want = jax.nn.log_softmax(exact_logits(exact_params, exact, tokens), axis=-1)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-4)   # float32 logits of ~10
+
+
+def test_explicit_solution_has_the_random_init_tree_and_calibrates(tiny_workdir):
+    config = FactorisedConfig(vocab_size=tiny_workdir.vocab_size, rank=16, positions=2, radius=4, heads=2)
+    params, report = solve_factorised(tiny_workdir, config, FactorConfig(holdout_tokens=200, buckets=(3,)),
+                                      progress=False)
+    template = init_params(config, jax.random.key(0))
+    assert jax.tree.structure(params) == jax.tree.structure(template)
+    assert all(a.shape == b.shape for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(template)))
+    assert not np.any(np.asarray(params["value_weights"])) and not np.any(np.asarray(params["attention_0"]))
+    assert report["holdout_loss"] < report["holdout_loss_unscaled"]
+    assert 0 < report["energy"] < 1
+    E, B = np.asarray(params["embeddings"]), np.asarray(params["output_weights"])
+    assert np.all(np.isfinite(E)) and np.all(np.isfinite(B))
+
+
+def test_attention_counts_only_once_its_value_map_moves(tiny_workdir):
+    config = FactorisedConfig(vocab_size=tiny_workdir.vocab_size, rank=8, positions=1, radius=4, heads=1)
+    params = init_params(config, jax.random.key(1))
+    tokens = jnp.asarray(np.asarray(tiny_workdir.tokens("dev"))[None, :40].astype(np.int32))
+    still = {**params, "value_weights": jnp.zeros_like(params["value_weights"])}
+    moved_attention = {**still, "attention_0": params["attention_0"] * 10}
+    np.testing.assert_array_equal(factorised_logits(still, config, tokens),
+                                  factorised_logits(moved_attention, config, tokens))
+    assert not np.allclose(factorised_logits(params, config, tokens), factorised_logits(still, config, tokens))
+    # a document's first position reads only <pad> rows before it: no earlier document leaks in
+    stream = np.asarray(tiny_workdir.tokens("dev"))
+    starts = np.flatnonzero(stream[:200] == 1) + 1
+    start = int(starts[starts > 8][0])
+    window = jnp.asarray(stream[None, start - 6:start + 4].astype(np.int32))
+    other = np.asarray(window).copy()
+    other[0, :5] = (other[0, :5] + 7) % (config.vocab_size - 2) + 2                  # change the earlier document
+    a, b = factorised_logits(params, config, window), factorised_logits(params, config, jnp.asarray(other))
+    np.testing.assert_allclose(np.asarray(a)[0, 6:], np.asarray(b)[0, 6:], atol=1e-6)
+
+
+def test_cli_factorises_warm_starts_and_trains_cold(tiny_workdir, tmp_path):
+    from saffu.cli import main
+    run, metrics = tmp_path / "fact", tmp_path / "m.json"
+    common = ["--workdir", str(tiny_workdir.path), "--quiet"]
+    assert main(["factorise", *common, "--run", str(run), "--rank", "8", "--positions", "2", "--radius", "4",
+                 "--holdout-tokens", "200", "--buckets", "3", "--metrics-json", str(metrics)]) == 0
+    solved = json.loads(metrics.read_text())
+    assert np.isfinite(solved["dev_bpb"]) and solved["params"] > 0
+    assert main(["train", *common, "--run", str(run), "--init", "explicit", "--steps", "4", "--batch-size", "2",
+                 "--seq-len", "16", "--eval-every", "2", "--metrics-json", str(metrics)]) == 0
+    warm = json.loads(metrics.read_text())
+    assert warm["model"] == "factorised" and warm["params"] == solved["params"]
+    cold = tmp_path / "cold"
+    assert main(["train", *common, "--run", str(cold), "--init", "random", "--model", "factorised", "--rank", "8",
+                 "--positions", "2", "--radius", "4", "--steps", "2", "--batch-size", "2", "--seq-len", "16",
+                 "--metrics-json", str(metrics)]) == 0
+    assert json.loads(metrics.read_text())["params"] == solved["params"]
+    with pytest.raises(SaffuError, match="rank"):
+        FactorisedConfig(vocab_size=10, rank=11)
