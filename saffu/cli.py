@@ -249,7 +249,7 @@ def _model_config(args, vocab_size: int):
                                         radius=args.radius, heads=args.heads)
     return configs.SaffuConfig(vocab_size=vocab_size, bits=args.bits, radius=args.radius, heads=args.heads,
                                positions=args.positions, hidden=args.hidden, value_form=args.value_form,
-                               blocks=args.blocks)
+                               blocks=args.blocks, exact_positions=tuple(args.exact_positions))
 
 
 def _score_splits(params, config, workdir, args, splits=None) -> dict:
@@ -368,16 +368,16 @@ def cmd_train(args) -> dict:
         if args.model == "transformer":
             raise SaffuError("a transformer has no explicit solution; use --init random")
         config = _check_vocabulary(load_run_config(run), workdir, run)
-        if config.kind == "exact":
-            raise SaffuError(f"{run} holds the exact token-resolution model, whose sparse tables are not trained; "
+        if config.kind == "exact" or getattr(config, "exact_positions", ()):
+            raise SaffuError(f"{run} holds a model with exact token-resolution tables, which are not trained; "
                              f"score it with `saffu eval` / `saffu blimp`")
         params = load_explicit(run, config)
     else:
         config = (_check_vocabulary(load_run_config(run), workdir, run) if (run / "config.json").exists()
                   else _model_config(args, workdir.vocab_size))
-        if config.kind == "exact":
-            raise SaffuError(f"{run} holds the exact token-resolution model, which has no random init; use a new "
-                             f"--run directory")
+        if config.kind == "exact" or getattr(config, "exact_positions", ()):
+            raise SaffuError("exact token-resolution tables (the exact model, --exact-positions) come from the "
+                             "data and have no random init; solve them with `saffu exact` / `saffu fit`")
         if config.kind in ("saffu", "factorised"):
             workdir.check_radius(config.radius)
         run.mkdir(parents=True, exist_ok=True)
@@ -554,6 +554,9 @@ def _add_architecture_flags(parser):
     parser.add_argument("--value-form", choices=configs.VALUE_FORMS, default=saffu.value_form,
                         help="attended value: linear, or log-space (geometric mixture)")
     parser.add_argument("--blocks", type=int, default=saffu.blocks, help="stacked SAFFU blocks")
+    parser.add_argument("--exact-positions", type=int, nargs="*", default=list(saffu.exact_positions),
+                        help="position groups that read exact token identity (sparse exact tables) instead of "
+                             "cipher codes, e.g. 0 (none: all cipher; direct output, one block; `saffu fit` only)")
 
 
 def _add_eval_flags(parser, default: int = EVAL_TOKENS):

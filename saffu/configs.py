@@ -230,6 +230,10 @@ class SaffuConfig:
       hidden: ``0`` for the direct output layer, else the hidden width ``D`` of the chain.
       value_form: ``"linear"`` or ``"log"``.
       blocks: number of stacked blocks ``L``.
+      exact_positions: the nearest rows whose output group reads exact token identity instead of
+        the cipher code (direct form, one block): group ``p`` is then ``β_p · L_p[x_{t−p}, :]``,
+        the exact offset table of :mod:`saffu.models.exact` (Witten-Bell, ``κ = 2``), stored
+        sparsely and never trained; ``()`` (the default) is the all-cipher SAFFU.
     """
 
     vocab_size: int
@@ -240,6 +244,7 @@ class SaffuConfig:
     hidden: int = 0
     value_form: str = "linear"
     blocks: int = 1
+    exact_positions: tuple[int, ...] = ()
     kind: str = "saffu"
 
     def __post_init__(self):
@@ -252,6 +257,13 @@ class SaffuConfig:
             raise SaffuError(f"--positions {self.positions} must be between 0 and the radius {self.radius}")
         if self.value_form not in VALUE_FORMS:
             raise SaffuError(f"unknown value form {self.value_form!r}; choose one of {', '.join(VALUE_FORMS)}")
+        if self.exact_positions:
+            if self.hidden or self.blocks != 1:
+                raise SaffuError("exact features need the direct output layer (--hidden 0) and one block")
+            if len(set(self.exact_positions)) != len(self.exact_positions) or not all(
+                    0 <= p < self.positions for p in self.exact_positions):
+                raise SaffuError(f"--exact-positions {' '.join(map(str, self.exact_positions))} must be distinct "
+                                 f"positions below --positions {self.positions}")
 
     @property
     def dim(self) -> int:
@@ -264,6 +276,22 @@ class SaffuConfig:
     def groups(self) -> int:
         """Output groups of the direct form: ``positions`` rows, then one value per head."""
         return self.positions + self.heads
+
+    @property
+    def cipher_positions(self) -> tuple[int, ...]:
+        """The position groups that read cipher codes (the others read exact tokens)."""
+        return tuple(p for p in range(self.positions) if p not in self.exact_positions)
+
+    @property
+    def cipher_groups(self) -> int:
+        """Output groups with cipher weights ``W_g``: cipher positions, then one value per head."""
+        return len(self.cipher_positions) + self.heads
+
+    @property
+    def exact_config(self) -> "ExactConfig":
+        """The exact part (one single-token group per exact position, one temperature each)."""
+        return ExactConfig(self.vocab_size, groups=tuple((p,) for p in self.exact_positions), buckets=(),
+                           nested=False, smoothing="witten_bell", holdout_tokens=0)
 
     @property
     def context(self) -> int:
@@ -293,9 +321,10 @@ class SaffuConfig:
         and lookups are omitted; ``seq_len`` is unused (the cost does not grow with it)."""
         K, V = self.dim, self.vocab_size
         attention = sum(2 * (2 * self.head_radius(h) * K + self.head_radius(h) ** 2) for h in range(self.heads))
-        output = 2 * self.groups * K * V if self.hidden == 0 else 2 * ((self.heads + 1) * K * self.hidden
-                                                                       + self.hidden * V)
-        return float(self.blocks * (attention + output) + (self.blocks - 1) * 2 * V * K)
+        output = 2 * self.cipher_groups * K * V if self.hidden == 0 else 2 * ((self.heads + 1) * K * self.hidden
+                                                                              + self.hidden * V)
+        exact = 2 * len(self.exact_positions) * V          # each exact group: a V-wide row, scaled and added
+        return float(self.blocks * (attention + output) + exact + (self.blocks - 1) * 2 * V * K)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -92,13 +92,17 @@ def group_rows(params: Params, config: ExactConfig, tokens: jax.Array):
     B, S = tokens.shape
     V = config.vocab_size
     context = document_contexts(tokens, config.context).reshape(B * S, config.context)
-    positions = jnp.arange(B * S)[:, None]
     ids = [context_ids(group, context[:, list(offsets)], V) for offsets, group in zip(config.groups, params["groups"])]
     shared = None if config.bucket_by is None else params["groups"][config.bucket_by]["bucket"][ids[config.bucket_by]]
     for group, group_ids in zip(params["groups"], ids):
-        row = group["dense_rows"][group["dense_index"][group_ids]] + group["const"][group_ids][:, None]
-        row = row.at[positions, group["ell_col"][group_ids]].add(group["ell_val"][group_ids], mode="drop")
-        yield row, group["bucket"][group_ids] if shared is None else shared
+        yield table_rows(group, group_ids), group["bucket"][group_ids] if shared is None else shared
+
+
+def table_rows(group: Params, ids: jax.Array) -> jax.Array:
+    """The ``V``-wide rows ``L_g[c, :]`` of one group's contexts ``int32[N]`` (ids from
+    :func:`context_ids`; for a one-token group the token itself) -> ``float32[N, V]``."""
+    row = group["dense_rows"][group["dense_index"][ids]] + group["const"][ids][:, None]
+    return row.at[jnp.arange(ids.shape[0])[:, None], group["ell_col"][ids]].add(group["ell_val"][ids], mode="drop")
 
 
 def exact_logits(params: Params, config: ExactConfig, tokens: jax.Array) -> jax.Array:

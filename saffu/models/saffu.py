@@ -34,6 +34,7 @@ from flax import nnx
 from saffu.configs import CipherConfig, SaffuConfig
 from saffu.data.tokenizer import EOD_ID, PAD_ID
 from saffu.engine.codes import bit_cipher_codes
+from saffu.models.exact import document_contexts, table_rows
 
 
 Params = dict[str, Any]
@@ -50,7 +51,9 @@ def cipher_table(config: SaffuConfig) -> jax.Array:
 
 
 def init_params(config: SaffuConfig, key: jax.Array, scale: float = 0.02) -> Params:
-    """Random init (cold start): weights ``N(0, scale²)``, biases 0. Returns the params dict."""
+    """Random init (cold start): weights ``N(0, scale²)``, biases 0. Returns the params dict
+    (the cipher part only: exact features, :attr:`SaffuConfig.exact_positions`, come from data
+    — :func:`saffu.solve.saffu.solve_explicit` adds them as ``params["exact"]``)."""
     K, V = config.dim, config.vocab_size
     blocks = {}
     for index, block_key in enumerate(jax.random.split(key, config.blocks)):
@@ -58,7 +61,7 @@ def init_params(config: SaffuConfig, key: jax.Array, scale: float = 0.02) -> Par
         block = {f"attention_{h}": scale * jax.random.normal(next(keys), (config.head_radius(h),) * 2)
                  for h in range(config.heads)}
         if config.hidden == 0:
-            block["group_weights"] = scale * jax.random.normal(next(keys), (config.groups, K, V))
+            block["group_weights"] = scale * jax.random.normal(next(keys), (config.cipher_groups, K, V))
         else:
             D = config.hidden
             block["hidden_weights"] = scale * jax.random.normal(next(keys), ((config.heads + 1) * K, D))
@@ -109,8 +112,21 @@ def attention_values(block: Params, config: SaffuConfig, X: jax.Array) -> list[j
 
 
 def output_groups(config: SaffuConfig, X: jax.Array, values: list[jax.Array]) -> jax.Array:
-    """Direct-form feature groups ``[..., G, K]``: the ``positions`` nearest rows, then values."""
-    return jnp.concatenate([X[..., :config.positions, :], jnp.stack(values, axis=-2)], axis=-2)
+    """Direct-form feature groups ``[..., G, K]``: the ``positions`` nearest rows (those that read
+    cipher codes), then values."""
+    rows = X[..., :config.positions, :] if not config.exact_positions else X[..., config.cipher_positions, :]
+    return jnp.concatenate([rows, jnp.stack(values, axis=-2)], axis=-2)
+
+
+def exact_features(exact: Params, config: SaffuConfig, tokens: jax.Array) -> jax.Array:
+    """The exact groups' logits ``Σ_p β_p L_p[x_{t−p}, :]`` of every position:
+    ``int32[B, S]`` -> ``float32[B, S, V]``; ``exact`` is ``{"beta": float32[E], "groups": [tables]}``
+    (:mod:`saffu.models.exact`; a one-token group's context id is the token)."""
+    B, S = tokens.shape
+    context = document_contexts(tokens, max(config.exact_positions) + 1).reshape(B * S, -1)
+    total = sum(exact["beta"][e] * table_rows(group, context[:, p])
+                for e, (p, group) in enumerate(zip(config.exact_positions, exact["groups"])))
+    return total.reshape(B, S, config.vocab_size)
 
 
 def hidden_features(config: SaffuConfig, X: jax.Array, values: list[jax.Array]) -> jax.Array:
@@ -147,7 +163,10 @@ def saffu_logits(params: Params, config: SaffuConfig, tokens: jax.Array) -> jax.
     (position ``p`` predicts token ``p + 1``)."""
     sequence, visible = block_inputs(params, config, tokens, config.blocks - 1)
     X = block_windows(sequence, visible, cipher_table(config)[PAD_ID])
-    return block_logits(params["blocks"][config.blocks - 1], config, X)
+    logits = block_logits(params["blocks"][config.blocks - 1], config, X)
+    if config.exact_positions:
+        logits = logits + exact_features(params["exact"], config, tokens)
+    return logits
 
 
 class SaffuBlock(nnx.Module):

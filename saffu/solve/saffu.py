@@ -37,9 +37,12 @@ from saffu.engine import accounting
 from saffu.engine.accumulators import Batch, accumulate, feature_target, offset_cooccurrence, unigram_counts
 from saffu.engine.codes import sparse_bit_cipher
 from saffu.engine.explicit import Smoothing, conditional_probabilities, unigram_prior
+from saffu.ngram.counts import count_rows
+from saffu.models.exact import document_contexts, table_rows
 from saffu.models.interface import window_loss
 from saffu.models.saffu import (Params, SaffuConfig, attention_values, block_inputs, block_windows, cipher_table,
                                 hidden_features, init_params, output_groups)
+from saffu.solve.exact import build_group
 
 
 HIGHEST = jax.lax.Precision.HIGHEST
@@ -164,6 +167,8 @@ def _solve(workdir, config, solver, mesh, progress):
                         f"{tag}_positional")
             prior = unigram_prior(stats["unigram"])
             offsets = stats["offsets"]                                          # [M, K, V]
+            if config.exact_positions:     # exact token groups: sparse tables of the same counted range
+                solved["exact"] = _exact_groups(stream, counted_end, config, prior, solver, progress)
         else:
             acc = feature_target(lambda b, ctx: windows_of(b, ctx).reshape(b.targets.shape[0], M * K),
                                  M * K, V, config.context)
@@ -230,7 +235,7 @@ def _solve(workdir, config, solver, mesh, progress):
             value_accs = {f"value_{h}": feature_target(lambda b, ctx, h=h: value_of(b, ctx, h), K, V, config.context)
                           for h in range(config.heads)}
             value_stats = run(value_accs, f"{tag}_values", context)
-            group_stats = [offsets[d] for d in range(config.positions)] + [value_stats[f"value_{h}"]
+            group_stats = [offsets[d] for d in config.cipher_positions] + [value_stats[f"value_{h}"]
                                                                             for h in range(config.heads)]
             block["group_weights"] = np.stack([_llr(F, solver.smoothing, prior) for F in group_stats])
         else:
@@ -261,14 +266,29 @@ def _solve(workdir, config, solver, mesh, progress):
                                                              solver) if holdout else (None, float("nan"), 0)
         report["calibration_evaluations"] += evaluations
         solved["blocks"][index] = _scaled(block, config, temperatures)
+        if config.exact_positions and temperatures is not None:      # the exact groups' temperatures
+            solved["exact"]["beta"] = temperatures[config.cipher_groups:]
         report[f"seconds_{tag}_calibration"] = time.perf_counter() - tick
         report[f"{tag}_holdout_loss"] = holdout_loss
         if temperatures is not None:
             for i, t in enumerate(np.asarray(temperatures)):
                 report[f"{tag}_temperature_{i}"] = float(t)
     report["seconds"] = time.perf_counter() - start
-    _check_structure(solved, template)
+    _check_structure(solved["blocks"], template["blocks"])
     return solved, report
+
+
+def _exact_groups(stream, counted_end: int, config: SaffuConfig, prior: np.ndarray, solver: SolverConfig,
+                  progress: bool) -> Params:
+    """The exact output groups of ``config.exact_positions`` (:attr:`SaffuConfig.exact_config`):
+    exact sparse counts of ``[1, counted_end)`` and their Witten-Bell tables, temperatures 1."""
+    exact = config.exact_config
+    groups = []
+    for (p,) in exact.groups:
+        rows, counts = count_rows(stream, (p,), [(1, counted_end)], vocab_size=config.vocab_size,
+                                  chunk_size=solver.chunk_size, progress=f"exact offset {p}" if progress else None)
+        groups.append(build_group(rows, counts, 1, prior, exact.mu, exact.buckets, per_type=True)[0])
+    return jax.tree.map(jnp.asarray, {"beta": np.ones(len(groups), np.float32), "groups": groups})
 
 
 def _scaled(block: Params, config: SaffuConfig, temperatures) -> Params:
@@ -277,7 +297,7 @@ def _scaled(block: Params, config: SaffuConfig, temperatures) -> Params:
         return dict(block)
     out = dict(block)
     if config.hidden == 0:
-        out["group_weights"] = block["group_weights"] * temperatures[:, None, None]
+        out["group_weights"] = block["group_weights"] * temperatures[:config.cipher_groups, None, None]
     else:
         out["hidden_weights"] = block["hidden_weights"] * temperatures[0]
         out["output_weights"] = block["output_weights"] * temperatures[1]
@@ -327,7 +347,7 @@ def _newton_direct(solved, block, index, config, windows, masks, solver, rows: i
 
     Returns ``β``, the mean holdout NLL and the evaluations in whole-holdout equivalents.
     """
-    context, G = config.context, config.groups
+    context, G = config.context, config.cipher_groups
     pad = cipher_table(config)[PAD_ID]
 
     def group_features(w, solved, block):  # weights as arguments, never constants
@@ -352,6 +372,14 @@ def _newton_direct(solved, block, index, config, windows, masks, solver, rows: i
         _, first, inverse = np.unique(as_bytes, return_index=True, return_inverse=True)
         tables.append(project(jnp.asarray(group[first]), block["group_weights"][g]))   # [U_g, V]
         index_of.append(inverse.reshape(-1))
+    if config.exact_positions:     # exact groups: one row per distinct token at the group's offset
+        tokens = np.concatenate([np.asarray(document_contexts(w, context))[:, context - 1:-1].reshape(-1, context)
+                                 for w in windows])
+        for p, group in zip(config.exact_positions, solved["exact"]["groups"]):
+            distinct, inverse = np.unique(tokens[:, p], return_inverse=True)
+            tables.append(jax.jit(table_rows)(group, jnp.asarray(distinct, jnp.int32)))
+            index_of.append(inverse.reshape(-1))
+    G = len(tables)
     num = features.shape[0]
     padded = -(-num // (rows * parts)) * rows * parts                             # pads weigh 0
     # part p holds chunks p, p + parts, …: interleaved slices of the holdout, one compiled shape

@@ -49,6 +49,8 @@ def model_config(fields: dict):
         raise SaffuError(f"unknown model kind {kind!r}; this saffu knows {', '.join(kinds)}")
     if kind == "exact":     # JSON lists back to the hashable tuples of the config
         fields = {**fields, "groups": tuple(tuple(g) for g in fields["groups"]), "buckets": tuple(fields["buckets"])}
+    if kind == "saffu" and "exact_positions" in fields:
+        fields = {**fields, "exact_positions": tuple(fields["exact_positions"])}
     return kinds[kind](**fields)
 
 
@@ -89,7 +91,11 @@ def load_explicit(run_dir: str | Path, config) -> Params:
         raise SaffuError(f"cannot read {path} ({type(err).__name__}); solve the run again") from None
     if config.kind == "exact":
         return jax.tree.map(jnp.asarray, restored)
-    return retype(restored, jax.eval_shape(lambda: config.init(jax.random.key(0))))
+    params = retype({"blocks": restored["blocks"]} if getattr(config, "exact_positions", ()) else restored,
+                    jax.eval_shape(lambda: config.init(jax.random.key(0))))
+    if getattr(config, "exact_positions", ()):     # the exact groups' tables: sizes from the data
+        params["exact"] = jax.tree.map(jnp.asarray, restored["exact"])
+    return params
 
 
 def load_params(run_dir: str | Path, config, which: str = "latest") -> tuple[Params, str]:
