@@ -506,7 +506,9 @@ class FactorConfig:
       buckets: context-count bucket edges of the temperatures (one per offset and bucket, folded
         into the embeddings), as :class:`ExactConfig`.
       holdout_tokens: whole training documents kept out of the counts to calibrate the
-        temperatures (Newton; convex).
+        temperatures (Newton; convex). 8,192 gave the same dev figure as 32,768 on
+        babylm-2023-4src (2.1185 against 2.1187 bits/byte on a 200k dev sample) for less than
+        half of the calibration time.
       calibration_iterations: Newton iterations (at most).
       chunk_size: targets per counting step.
     """
@@ -517,7 +519,7 @@ class FactorConfig:
     power_iterations: int = 2
     seed: int = 0
     buckets: tuple[int, ...] = (3, 10, 30, 100, 1000, 10000)
-    holdout_tokens: int = 32_768
+    holdout_tokens: int = 8_192
     calibration_iterations: int = 10
     chunk_size: int = 1 << 16
 
