@@ -13,6 +13,12 @@ of the tokens for the first block), with ``X ∈ R^{M×K}`` the ``M`` most recen
   values ``u_h``; or a **chain** (``hidden = D``): ``z = softmax([u_1 … u_H; x_h] W_1 + b_1)``,
   ``logits = z W_2 + b_2``.
 
+Mixed features (``exact_positions``, direct form, one block): a position group ``p`` listed
+there reads exact token identity instead of its cipher code — its term is
+``β_p · L_p[x_{t−p}, :]``, the sparse Witten-Bell table of :mod:`saffu.models.exact`, held in
+``params["exact"]`` (data-sized, never trained) — and the cipher weights ``W_g`` cover the other
+groups only.
+
 Blocks stack: block ``l + 1`` reads ``softmax(logits_l) · C`` (the expected cipher code of the
 next token) at every position. The whole stack is causal and runs over all positions of a
 batch of sequences in one jitted call. Parameters are plain arrays in a nested dict
