@@ -186,6 +186,28 @@ def parent_group(groups: tuple[tuple[int, ...], ...], g: int) -> int | None:
     return max(prefixes, key=lambda i: len(groups[i])) if prefixes else None
 
 
+def held_out_prior(workdir: WorkDir, vocab_size: int, holdout_tokens: int, chunk_size: int, progress: bool):
+    """The training stream split for an explicit solve: ``holdout_tokens`` of whole documents
+    from evenly spaced blocks (never counted), the counted rest, and the unigram prior of the
+    counted targets. Returns ``(stream, holdout ranges, counted ranges, prior float64[V],
+    report)`` with ``counted_tokens`` and ``holdout_tokens`` in the report."""
+    if vocab_size != workdir.vocab_size:
+        raise SaffuError(f"model vocabulary {vocab_size} differs from the work directory's "
+                         f"{workdir.vocab_size}; use --vocab-size {workdir.vocab_size}")
+    split = workdir.train_split
+    stream = workdir.tokens(split)
+    holdout = workdir.sample_documents(split, holdout_tokens)[0] if holdout_tokens else []
+    if holdout == [(1, len(stream))]:
+        raise SaffuError(f"--holdout-tokens {holdout_tokens:,} covers the whole training split; use fewer")
+    counted = complement(holdout, 1, len(stream))
+    rows, counts = count_rows(stream, (), counted, vocab_size=vocab_size, chunk_size=chunk_size,
+                              progress="unigram" if progress else None)
+    target_counts = np.zeros(vocab_size, np.int64)
+    target_counts[rows[:, 0]] = counts
+    report = {"counted_tokens": sum(b - a for a, b in counted), "holdout_tokens": sum(b - a for a, b in holdout)}
+    return stream, holdout, counted, unigram_prior(target_counts), report
+
+
 def solve_exact(workdir: WorkDir, config: ExactConfig, progress: bool = True) -> tuple[Params, dict[str, Any]]:
     """Explicit parameters of ``config`` from the training split of ``workdir``.
 
@@ -195,27 +217,11 @@ def solve_exact(workdir: WorkDir, config: ExactConfig, progress: bool = True) ->
     ``holdout_loss_beta1``, per group ``group{g}_contexts`` / ``_pairs`` / ``_dense_contexts`` /
     ``_row_width`` / ``_megabytes``, the temperatures ``beta_{g}_{b}`` and ``peak_rss_mb``.
     """
-    if config.vocab_size != workdir.vocab_size:
-        raise SaffuError(f"model vocabulary {config.vocab_size} differs from the work directory's "
-                         f"{workdir.vocab_size}; use --vocab-size {workdir.vocab_size}")
-    start = time.perf_counter()
-    split = workdir.train_split
-    stream = workdir.tokens(split)
+    start = tick = time.perf_counter()
+    stream, holdout, counted, prior, report = held_out_prior(workdir, config.vocab_size, config.holdout_tokens,
+                                                             config.chunk_size, progress)
     V = config.vocab_size
-    holdout = workdir.sample_documents(split, config.holdout_tokens)[0] if config.holdout_tokens else []
-    if holdout == [(1, len(stream))]:
-        raise SaffuError(f"--holdout-tokens {config.holdout_tokens:,} covers the whole training split; "
-                         f"use fewer")
-    counted = complement(holdout, 1, len(stream))
-    report: dict[str, Any] = {"counted_tokens": sum(b - a for a, b in counted),
-                              "holdout_tokens": sum(b - a for a, b in holdout)}
-    tick = time.perf_counter()
     label = lambda name: name if progress else None
-    unigram_rows, unigram_counts = count_rows(stream, (), counted, vocab_size=V, chunk_size=config.chunk_size,
-                                              progress=label("unigram"))
-    target_counts = np.zeros(V, np.int64)
-    target_counts[unigram_rows[:, 0]] = unigram_counts
-    prior = unigram_prior(target_counts)
     counted_rows = [count_rows(stream, offsets, counted, vocab_size=V, chunk_size=config.chunk_size,
                                progress=label(f"group {offsets}")) for offsets in config.groups]
     report["seconds_count"] = time.perf_counter() - tick

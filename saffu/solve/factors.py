@@ -31,11 +31,10 @@ from saffu._io import SaffuError
 from saffu.configs import FactorConfig, FactorisedConfig
 from saffu.data.workdir import WorkDir
 from saffu.engine import accounting
-from saffu.engine.explicit import unigram_prior
 from saffu.models.exact import document_contexts
 from saffu.models.factorised import Params, init_params
 from saffu.ngram.counts import count_rows
-from saffu.solve.exact import calibrate, complement
+from saffu.solve.exact import calibrate, held_out_prior
 
 
 def randomized_svd(matvec: Callable[[np.ndarray], np.ndarray], rmatvec: Callable[[np.ndarray], np.ndarray],
@@ -130,27 +129,14 @@ def solve_factorised(workdir: WorkDir, config: FactorisedConfig, solver: FactorC
     ``seconds_count`` / ``seconds_factorise`` / ``seconds_calibration``, ``counted_tokens``,
     ``holdout_tokens``, ``energy`` (share of the weighted matrix the rank keeps), the largest and
     smallest kept singular values, ``holdout_loss`` (nats/token, calibrated) and
-    ``holdout_loss_unscaled``, ``scale_{p}`` and ``peak_rss_mb``.
+    ``holdout_loss_unscaled`` (all temperatures 1), the temperatures ``beta_{p}_{b}`` and
+    ``peak_rss_mb``.
     """
-    if config.vocab_size != workdir.vocab_size:
-        raise SaffuError(f"model vocabulary {config.vocab_size} differs from the work directory's "
-                         f"{workdir.vocab_size}; use --vocab-size {workdir.vocab_size}")
     start = time.perf_counter()
-    split = workdir.train_split
-    stream = workdir.tokens(split)
+    stream, holdout, counted, prior, report = held_out_prior(workdir, config.vocab_size, solver.holdout_tokens,
+                                                             solver.chunk_size, progress)
     V, P = config.vocab_size, config.positions
-    holdout = workdir.sample_documents(split, solver.holdout_tokens)[0] if solver.holdout_tokens else []
-    if holdout == [(1, len(stream))]:
-        raise SaffuError(f"--holdout-tokens {solver.holdout_tokens:,} covers the whole training split; use fewer")
-    counted = complement(holdout, 1, len(stream))
-    report: dict[str, Any] = {"counted_tokens": sum(b - a for a, b in counted),
-                              "holdout_tokens": sum(b - a for a, b in holdout)}
     label = lambda name: name if progress else None
-    unigram_rows, unigram_counts = count_rows(stream, (), counted, vocab_size=V, chunk_size=solver.chunk_size,
-                                              progress=label("unigram"))
-    target_counts = np.zeros(V, np.int64)
-    target_counts[unigram_rows[:, 0]] = unigram_counts
-    prior = unigram_prior(target_counts)
     matrices, row_weights = [], []
     for p in range(P):
         rows, counts = count_rows(stream, (p,), counted, vocab_size=V, chunk_size=solver.chunk_size,
