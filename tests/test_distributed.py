@@ -27,6 +27,18 @@ def test_document_shards_cover_the_range_once_and_cut_at_documents(tiny_workdir)
         assert all(stream[lo - 1] == EOD_ID for lo, hi in ranges if lo < hi)       # whole documents
 
 
+def run_two_processes(argv: list[str], tmp_path) -> None:
+    """``saffu *argv`` as a 2-process jax.distributed job on this machine (metrics to multi{i}.json)."""
+    coordinator = f"127.0.0.1:{free_port()}"
+    processes = [subprocess.Popen([sys.executable, "-m", "saffu", *argv, "--num-processes", "2", "--process-id",
+                                   str(i), "--coordinator", coordinator,
+                                   "--metrics-json", str(tmp_path / f"multi{i}.json")],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(2)]
+    for process in processes:
+        out, err = process.communicate(timeout=240)
+        assert process.returncode == 0, err.decode()[-2000:]
+
+
 def test_two_processes_give_bit_identical_statistics(tiny_workdir, tmp_path):
     single, multi = tmp_path / "single", tmp_path / "multi"
     shutil.copytree(tiny_workdir.path, single)
@@ -35,14 +47,7 @@ def test_two_processes_give_bit_identical_statistics(tiny_workdir, tmp_path):
              "--save-statistics", "--quiet"]
     subprocess.run([sys.executable, "-m", "saffu", *stats, "--workdir", str(single),
                     "--metrics-json", str(tmp_path / "single.json")], check=True, capture_output=True)
-    coordinator = f"127.0.0.1:{free_port()}"
-    processes = [subprocess.Popen([sys.executable, "-m", "saffu", *stats, "--workdir", str(multi),
-                                   "--num-processes", "2", "--process-id", str(i), "--coordinator", coordinator,
-                                   "--metrics-json", str(tmp_path / f"multi{i}.json")],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(2)]
-    for process in processes:
-        out, err = process.communicate(timeout=240)
-        assert process.returncode == 0, err.decode()[-2000:]
+    run_two_processes([*stats, "--workdir", str(multi)], tmp_path)
     a, b = np.load(single / "statistics.npz"), np.load(multi / "statistics.npz")
     for name in a.files:
         np.testing.assert_array_equal(a[name], b[name])                             # bit-identical
@@ -61,14 +66,7 @@ def test_two_processes_give_a_bit_identical_exact_model(tiny_workdir, tmp_path):
              "--holdout-tokens", "200", "--eval-tokens", "0", "--quiet"]
     subprocess.run([sys.executable, "-m", "saffu", *exact, "--run", str(tmp_path / "single"),
                     "--metrics-json", str(tmp_path / "single.json")], check=True, capture_output=True)
-    coordinator = f"127.0.0.1:{free_port()}"
-    processes = [subprocess.Popen([sys.executable, "-m", "saffu", *exact, "--run", str(tmp_path / "multi"),
-                                   "--num-processes", "2", "--process-id", str(i), "--coordinator", coordinator,
-                                   "--metrics-json", str(tmp_path / f"multi{i}.json")],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(2)]
-    for process in processes:
-        out, err = process.communicate(timeout=240)
-        assert process.returncode == 0, err.decode()[-2000:]
+    run_two_processes([*exact, "--run", str(tmp_path / "multi")], tmp_path)
     config = load_run_config(tmp_path / "single")
     assert load_run_config(tmp_path / "multi") == config
     a, b = load_explicit(tmp_path / "single", config), load_explicit(tmp_path / "multi", config)
