@@ -96,8 +96,7 @@ def factorise(matrices: list[sp.csr_matrix], row_weights: list[np.ndarray], colu
     keeps.
     """
     P, V = len(matrices), matrices[0].shape[0]
-    A = sp.vstack([sp.diags(w) @ S for S, w in zip(matrices, row_weights)]).tocsr() @ sp.diags(column_weights)
-    A = A.tocsr()
+    A = (sp.vstack([sp.diags(w) @ S for S, w in zip(matrices, row_weights)]) @ sp.diags(column_weights)).tocsr()
     U, s, Vt = randomized_svd(lambda X: A @ X, lambda Y: A.T @ Y, A.shape, rank, oversample, power_iterations,
                               seed)
     root = np.sqrt(s)
@@ -150,7 +149,8 @@ def solve_factorised(workdir: WorkDir, config: FactorisedConfig, solver: FactorC
                                 solver.oversample, solver.power_iterations, solver.seed)
     report.update(seconds_factorise=time.perf_counter() - tick, energy=energy, singular_max=float(s[0]),
                   singular_min=float(s[-1]), offset_pairs=int(sum(S.nnz for S in matrices)))
-    params = jax.tree.map(jnp.zeros_like, init_params(config, jax.random.key(0)))
+    params = jax.tree.map(lambda leaf: jnp.zeros(leaf.shape, leaf.dtype),     # the init's tree, all zeros
+                          jax.eval_shape(lambda: init_params(config, jax.random.key(0))))
     params.update(embeddings=jnp.asarray(E, jnp.float32), output_weights=jnp.asarray(B, jnp.float32),
                   output_bias=jnp.asarray(np.log(prior), jnp.float32))
     tick = time.perf_counter()

@@ -37,11 +37,11 @@ from saffu.engine import accounting
 from saffu.engine.accumulators import Batch, accumulate, feature_target, offset_cooccurrence, unigram_counts
 from saffu.engine.codes import sparse_bit_cipher
 from saffu.engine.explicit import Smoothing, conditional_probabilities, unigram_prior
-from saffu.ngram.counts import count_rows
 from saffu.models.exact import document_contexts, table_rows
 from saffu.models.interface import window_loss
 from saffu.models.saffu import (Params, SaffuConfig, attention_values, block_inputs, block_windows, cipher_table,
                                 hidden_features, init_params, output_groups)
+from saffu.ngram.counts import count_rows
 from saffu.solve.exact import build_group
 
 
