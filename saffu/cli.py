@@ -364,9 +364,16 @@ def cmd_train(args) -> dict:
 
     workdir = open_workdir(args.workdir)
     run = Path(args.run)
-    if args.init == "explicit":
-        if args.model == "transformer":
-            raise SaffuError("a transformer has no explicit solution; use --init random")
+    existing = (run / "config.json").exists()
+    solve_seconds = 0.0
+    if args.residual is not None or (existing and load_run_config(run).kind == "residual"):
+        if args.init != "random":
+            raise SaffuError("--residual trains a randomly initialised model over the exact one: use --init random")
+        config, params = _residual_model(args, workdir, run, existing)
+    elif args.init == "explicit" and (args.model == "transformer" or
+                                      (existing and load_run_config(run).kind == "transformer")):
+        config, params, solve_seconds = _explicit_transformer(args, workdir, run, existing)
+    elif args.init == "explicit":
         config = _check_vocabulary(load_run_config(run), workdir, run)
         if config.kind == "exact" or getattr(config, "exact_positions", ()):
             raise SaffuError(f"{run} holds a model with exact token-resolution tables, which are not trained; "
@@ -406,6 +413,11 @@ def cmd_train(args) -> dict:
                             dev_stream=dev, on_eval=show, progress=not args.quiet, mesh=mesh)
     metrics = {"model": config.kind, "init": args.init, "params": parameter_count(params),
                "steps": history[-1]["step"] if history else (resumed or 0)}
+    if config.kind == "residual":
+        fixed = {name: params[name] for name in config.fixed_params}
+        metrics.update(trained_params=metrics["params"] - parameter_count(fixed), scale=float(params["scale"]))
+    if solve_seconds:
+        metrics["solve_seconds"] = solve_seconds
     if history:
         metrics.update({key: history[-1][key] for key in ("seconds", "tokens", "tokens_per_s", "flops",
                                                           "xla_flops", "peak_rss_mb") if key in history[-1]})
@@ -416,6 +428,53 @@ def cmd_train(args) -> dict:
     metrics.update(_score_splits(params, config, workdir, args))
     _print_metrics(f"{args.init}-init training of {run}", metrics)
     return metrics
+
+
+def _residual_model(args, workdir, run: Path, existing: bool):
+    """``(ResidualConfig, params at step 0)`` of a new ``--residual`` run or an existing one."""
+    import jax
+
+    from saffu.models.residual import with_explicit
+    from saffu.training.checkpoints import load_explicit, load_run_config, save_run_config
+    if existing:
+        config = _check_vocabulary(load_run_config(run), workdir, run)
+        if config.kind != "residual":
+            raise SaffuError(f"{run} already holds a {config.kind} run; use a new --run for --residual")
+    else:
+        explicit = _check_vocabulary(load_run_config(args.residual), workdir, args.residual)
+        if explicit.kind != "exact":
+            raise SaffuError(f"--residual {args.residual} holds a {explicit.kind}; it must be a `saffu exact` run")
+        config = configs.ResidualConfig(_model_config(args, workdir.vocab_size), explicit,
+                                        str(Path(args.residual).resolve()), scale=args.residual_scale)
+    if config.base.kind in ("saffu", "factorised"):
+        workdir.check_radius(config.base.radius)
+    params = with_explicit(config.init(jax.random.fold_in(jax.random.key(args.seed), 0)),
+                           load_explicit(config.explicit_run, config.explicit))
+    if not existing:
+        run.mkdir(parents=True, exist_ok=True)
+        save_run_config(run, config, workdir)
+    return config, params
+
+
+def _explicit_transformer(args, workdir, run: Path, existing: bool):
+    """``(TransformerConfig, params, solve seconds)``: random init with ``--explicit-pieces``
+    from explicit factors of rank ``--width`` solved from ``--workdir``."""
+    import jax
+
+    from saffu.models.transformer import explicit_transformer_init
+    from saffu.solve.factors import solve_factorised
+    from saffu.training.checkpoints import load_run_config, save_run_config
+    config = (_check_vocabulary(load_run_config(run), workdir, run) if existing
+              else _model_config(args, workdir.vocab_size))
+    tick = time.perf_counter()
+    factors, _ = solve_factorised(workdir, configs.FactorisedConfig(workdir.vocab_size, rank=config.width, positions=1),
+                                  configs.FactorConfig(holdout_tokens=args.holdout_tokens), progress=not args.quiet)
+    params = explicit_transformer_init(config, jax.random.fold_in(jax.random.key(args.seed), 0), factors,
+                                       tuple(args.explicit_pieces))
+    if not existing:
+        run.mkdir(parents=True, exist_ok=True)
+        save_run_config(run, config, workdir)
+    return config, params, time.perf_counter() - tick
 
 
 def _load_run(args):
@@ -695,9 +754,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workdir", type=Path, required=True, help="work directory of `saffu prepare`")
     p.add_argument("--run", type=Path, required=True, help="run directory (of `saffu fit` for --init explicit)")
     p.add_argument("--init", choices=["explicit", "random"], required=True,
-                   help="explicit: warm start from --run's explicit solution; random: cold start")
+                   help="explicit: warm start from --run's explicit solution (a transformer: from explicit "
+                        "low-rank factors solved here, see --explicit-pieces); random: cold start")
     p.add_argument("--model", choices=["saffu", "transformer", "factorised"], default="saffu",
-                   help="architecture of a new random-init run (an existing run keeps its own)")
+                   help="architecture of a new run (an existing run keeps its own)")
+    p.add_argument("--explicit-pieces", nargs="+", default=list(configs.EXPLICIT_PIECES), choices=configs.EXPLICIT_PIECES,
+                   help="transformer --init explicit: output bias = log unigram, token embeddings and output "
+                        "kernel from the explicit factors (rank = --width), rescaled to the random init's scale")
+    p.add_argument("--holdout-tokens", type=int, default=configs.FactorConfig.holdout_tokens,
+                   help="transformer --init explicit: training tokens held out to calibrate the factors")
+    p.add_argument("--residual", type=Path, metavar="EXACT_RUN",
+                   help="learn a residual over the exact model of this run (`saffu exact`): logits = "
+                        "λ · log P_exact + f(context), f's output layer at zero, so step 0 is the exact model")
+    p.add_argument("--residual-scale", choices=configs.RESIDUAL_SCALES, default=configs.ResidualConfig.scale,
+                   help="λ fixed at 1 or learned (with --residual)")
     p.add_argument("--rank", type=int, default=configs.FactorisedConfig.rank,
                    help="embedding / output-factor width r of a factorised model")
     _add_architecture_flags(p)

@@ -588,3 +588,81 @@ class TransformerConfig:
         dense = L * (4 * d * d + 2 * self.mlp_ratio * d * d)
         attention = L * 2 * mean_visible * d
         return 2.0 * (dense + attention + d * V)
+
+
+RESIDUAL_SCALES = ("fixed", "learned")
+
+#: What an explicit init of the transformer takes from the explicit low-rank factors
+#: (:func:`saffu.models.transformer.explicit_transformer_init`).
+EXPLICIT_PIECES = ("bias", "embeddings", "output")
+
+
+@dataclasses.dataclass(frozen=True)
+class ResidualConfig:
+    """A model that learns a residual over a fixed explicit model (the model is
+    :mod:`saffu.models.residual`)::
+
+        logits = λ · log P_explicit(y | context) + f_θ(context)
+
+    ``f_θ`` is any trainable model (the transformer, SAFFU, the factorised model) whose output
+    layer starts at zero, so step 0 is exactly the explicit model; ``P_explicit`` is the exact
+    token-resolution model (:class:`ExactConfig`), loaded from its run and never trained.
+
+    Attributes:
+      base: the trainable model's config (``f_θ``).
+      explicit: the explicit model's config.
+      explicit_run: run directory holding the explicit solution (``saffu exact --run``).
+      scale: ``"fixed"`` (``λ`` stays ``scale_init``) or ``"learned"`` (``λ`` is trained).
+      scale_init: ``λ`` at step 0.
+    """
+
+    base: Any
+    explicit: ExactConfig
+    explicit_run: str
+    scale: str = "fixed"
+    scale_init: float = 1.0
+    kind: str = "residual"
+
+    def __post_init__(self):
+        if self.scale not in RESIDUAL_SCALES:
+            raise SaffuError(f"residual scale must be one of {', '.join(RESIDUAL_SCALES)}, got {self.scale!r}")
+        if getattr(self.base, "kind", None) not in ("transformer", "saffu", "factorised"):
+            raise SaffuError(f"the residual's trainable part must be a transformer, SAFFU or factorised model, "
+                             f"got {getattr(self.base, 'kind', self.base)!r}")
+        if getattr(self.explicit, "kind", None) != "exact":
+            raise SaffuError("the residual's explicit part must be an exact model (`saffu exact`)")
+        if self.base.vocab_size != self.explicit.vocab_size:
+            raise SaffuError(f"the trainable model has {self.base.vocab_size:,} tokens but the explicit one "
+                             f"{self.explicit.vocab_size:,}")
+
+    @property
+    def vocab_size(self) -> int:
+        return self.base.vocab_size
+
+    @property
+    def context(self) -> int:
+        """The longer of the two parts' contexts."""
+        return max(self.base.context, self.explicit.context)
+
+    @property
+    def eval_seq_len(self) -> int:
+        return self.base.eval_seq_len
+
+    @property
+    def fixed_params(self) -> tuple[str, ...]:
+        """Never trained: the explicit tables, and ``λ`` unless it is learned."""
+        return ("explicit",) if self.scale == "learned" else ("explicit", "scale")
+
+    def init(self, key) -> Params:
+        """The trainable part at step 0 (:func:`saffu.models.residual.residual_init`); the
+        explicit tables are added by :func:`saffu.models.residual.with_explicit`."""
+        from saffu.models.residual import residual_init
+        return residual_init(self, key)
+
+    def logits(self, params: Params, tokens):
+        from saffu.models.residual import residual_logits
+        return residual_logits(params, self, tokens)
+
+    def forward_flops(self, seq_len: int) -> float:
+        """The trainable model's FLOPs plus the explicit lookup's and its log-softmax (``3V``)."""
+        return self.base.forward_flops(seq_len) + self.explicit.forward_flops(seq_len) + 3.0 * self.vocab_size

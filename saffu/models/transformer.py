@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from saffu._io import SaffuError
-from saffu.configs import TransformerConfig
+from saffu.configs import EXPLICIT_PIECES, TransformerConfig
 from saffu.data.tokenizer import EOD_ID
 
 
@@ -115,3 +115,38 @@ def parameter_count_of(config: TransformerConfig) -> int:
     """Parameters of ``config`` without allocating them."""
     shapes = jax.eval_shape(lambda: transformer_init(config, jax.random.key(0)))
     return int(sum(math.prod(x.shape) for x in jax.tree.leaves(shapes)))
+
+
+def explicit_transformer_init(config: TransformerConfig, key: jax.Array, factors: Params,
+                              pieces: tuple[str, ...] = EXPLICIT_PIECES) -> Params:
+    """Random init (:func:`transformer_init` with ``key``) with ``pieces`` taken from the
+    explicit low-rank factors of :func:`saffu.solve.factors.solve_factorised` at rank
+    ``r = config.width`` (``factors["embeddings"] float32[P, V, r]``, ``["output_weights"]
+    float32[r, V]``, ``["output_bias"] float32[V]``):
+
+    * ``"bias"``: the output bias is ``log p(y)`` (the unigram: the first thing a cold start learns);
+    * ``"embeddings"``: the token embeddings are ``E_0`` (the current token's explicit embedding),
+      rescaled to the random embeddings' root-mean-square;
+    * ``"output"``: the output kernel is ``B``, rescaled to the random kernel's root-mean-square.
+
+    Rescaling keeps the initialiser's variance (pretrained vectors help from scratch only at
+    that scale); the blocks stay random. The parameter tree and every shape are those of random init.
+    """
+    unknown = set(pieces) - set(EXPLICIT_PIECES)
+    if unknown:
+        raise SaffuError(f"unknown explicit-init pieces {sorted(unknown)}; choose from {', '.join(EXPLICIT_PIECES)}")
+    E, B = factors["embeddings"][0], factors["output_weights"]
+    if E.shape != (config.vocab_size, config.width) or B.shape != (config.width, config.vocab_size):
+        raise SaffuError(f"explicit factors of shape {tuple(E.shape)} / {tuple(B.shape)} do not fit a transformer of "
+                         f"width {config.width} and {config.vocab_size:,} tokens; solve them at rank {config.width}")
+    params = transformer_init(config, key)
+    rms = lambda x: jnp.sqrt(jnp.mean(jnp.square(x)))
+    if "bias" in pieces:
+        params["output"]["bias"] = jnp.asarray(factors["output_bias"], jnp.float32)
+    if "embeddings" in pieces:
+        random = params["embed"]["embedding"]
+        params["embed"]["embedding"] = (E * (rms(random) / rms(E))).astype(random.dtype)
+    if "output" in pieces:
+        random = params["output"]["kernel"]
+        params["output"]["kernel"] = (B * (rms(random) / rms(B))).astype(random.dtype)
+    return params

@@ -18,7 +18,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from saffu._io import SaffuError, atomic_write_json
-from saffu.configs import ExactConfig, FactorisedConfig, SaffuConfig, TransformerConfig
+from saffu.configs import ExactConfig, FactorisedConfig, ResidualConfig, SaffuConfig, TransformerConfig
 from saffu.data.workdir import WorkDir
 
 
@@ -43,8 +43,10 @@ def model_config(fields: dict):
     :class:`saffu.configs.TransformerConfig`, :class:`saffu.configs.ExactConfig` or
     :class:`saffu.configs.FactorisedConfig`."""
     kinds = {"saffu": SaffuConfig, "transformer": TransformerConfig, "exact": ExactConfig,
-             "factorised": FactorisedConfig}
+             "factorised": FactorisedConfig, "residual": ResidualConfig}
     kind = fields.get("kind", "saffu")
+    if kind == "residual":   # the two parts are configs of their own
+        fields = {**fields, "base": model_config(fields["base"]), "explicit": model_config(fields["explicit"])}
     if kind not in kinds:
         raise SaffuError(f"unknown model kind {kind!r}; this saffu knows {', '.join(kinds)}")
     if kind == "exact":     # JSON lists back to the hashable tuples of the config
@@ -100,7 +102,18 @@ def load_explicit(run_dir: str | Path, config) -> Params:
 
 def load_params(run_dir: str | Path, config, which: str = "latest") -> tuple[Params, str]:
     """``which="latest"``: the last training checkpoint, else the explicit solution;
-    ``which="explicit"``: the explicit solution. Returns the params and what was loaded."""
+    ``which="explicit"``: the explicit solution. Returns the params and what was loaded.
+    A residual model's explicit tables come from its ``explicit_run``; without a checkpoint
+    (or with ``"explicit"``) it is its step-0 state, which is the explicit model."""
+    if config.kind == "residual":
+        from saffu.models.residual import with_explicit
+        explicit = load_explicit(config.explicit_run, config.explicit)
+        params = config.init(jax.random.key(0))
+        trained = {name: value for name, value in params.items() if name not in config.fixed_params}
+        latest = load_latest_params(run_dir, trained) if which == "latest" else None
+        if latest is None:
+            return with_explicit(params, explicit), "explicit (step 0)"
+        return with_explicit({**params, **latest[0]}, explicit), f"checkpoint step {latest[1]}"
     if which == "latest" and hasattr(config, "init"):
         template = jax.eval_shape(lambda: config.init(jax.random.key(0)))
         latest = load_latest_params(run_dir, template)

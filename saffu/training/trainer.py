@@ -118,16 +118,13 @@ class StepStats(NamedTuple):
                          jnp.full((), -1, jnp.int32))
 
 
-def _trainable_mask(model: Model, config: TrainConfig, params: Params, step: jax.Array) -> Params:
-    """Per leaf: ``True`` where the update is applied. The model's ``fixed_params`` (inputs,
-    e.g. the bigram's codes) never train; ``config.freeze`` names wait for ``thaw_step``."""
-    fixed = set(getattr(model, "fixed_params", ()))
+def _trainable_mask(config: TrainConfig, params: Params, step: jax.Array) -> Params:
+    """Per leaf: ``True`` where the update is applied: ``config.freeze`` names wait for
+    ``thaw_step`` (the model's ``fixed_params`` are not in the trained tree at all)."""
     frozen = set(config.freeze)
 
     def keep(path, _):
         name = getattr(path[-1], "key", None)
-        if name in fixed:
-            return jnp.asarray(False)
         if name in frozen:
             return step >= config.thaw_step
         return jnp.asarray(True)
@@ -136,8 +133,10 @@ def _trainable_mask(model: Model, config: TrainConfig, params: Params, step: jax
 
 
 def make_train_step(model: Model, optimizer: optax.GradientTransformation, config: TrainConfig) -> Callable:
-    """The jitted step ``(params, opt_state, stats, step, windows int32[B, R + T], mask bool[B, T])
-    -> (params, opt_state, stats)``, donating ``params``, ``opt_state`` and ``stats``.
+    """The jitted step ``(params, opt_state, stats, step, windows int32[B, R + T], mask bool[B, T],
+    fixed) -> (params, opt_state, stats)``, donating ``params``, ``opt_state`` and ``stats``.
+    ``fixed`` holds the model's ``fixed_params`` (inputs: neither differentiated nor updated,
+    and never cast to the compute dtype); ``params`` the trained rest.
 
     The loss is the mean NLL of the batch's targets. A step whose loss or gradients are not
     finite is not applied (parameters and optimizer state are returned unchanged) and is
@@ -145,17 +144,17 @@ def make_train_step(model: Model, optimizer: optax.GradientTransformation, confi
     """
     compute = jnp.dtype(config.compute_dtype)
 
-    def loss_fn(p, windows, mask):
+    def loss_fn(p, windows, mask, fixed):
         if compute != jnp.float32:
             p = jax.tree.map(lambda x: x.astype(compute) if jnp.issubdtype(x.dtype, jnp.floating) else x, p)
-        nll, count = window_loss(p, model, windows, mask)
+        nll, count = window_loss({**p, **fixed}, model, windows, mask)
         return nll.astype(jnp.float32) / jnp.maximum(count, 1)
 
-    def step_fn(p, opt_state, stats: StepStats, step, windows, mask):
-        loss, grads = jax.value_and_grad(loss_fn)(p, windows, mask)
+    def step_fn(p, opt_state, stats: StepStats, step, windows, mask, fixed):
+        loss, grads = jax.value_and_grad(loss_fn)(p, windows, mask, fixed)
         updates, new_opt_state = optimizer.update(grads, opt_state, p)
         updates = jax.tree.map(lambda u, keep: jnp.where(keep, u, 0.0), updates,
-                               _trainable_mask(model, config, updates, step))
+                               _trainable_mask(config, updates, step))
         finite = jnp.isfinite(loss) & jnp.all(jnp.stack([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)]))
         # a non-finite step is never applied: parameters and optimizer state stay as they were
         new_p = jax.tree.map(lambda new, old: jnp.where(finite, new, old), optax.apply_updates(p, updates), p)
@@ -244,7 +243,9 @@ def train(model: Model, params: Params, train_stream: np.ndarray, config: TrainC
     With a ``mesh`` (see :func:`data_parallel_mesh`) each batch is split over its ``"data"``
     axis and the parameters and optimizer state are replicated; XLA inserts the gradient
     all-reduce. The same code runs on one CPU, several forced CPU devices, a GPU or a TPU slice.
-    The caller's ``params`` are copied, never donated.
+    The caller's ``params`` are copied, never donated. The model's ``fixed_params`` (e.g. the
+    explicit tables of a residual model) are inputs of every step: not differentiated, without
+    optimizer state and not in the checkpoints (the caller supplies them again on resume).
 
     Returns the final parameters and the evaluation history of this call.
     """
@@ -253,7 +254,10 @@ def train(model: Model, params: Params, train_stream: np.ndarray, config: TrainC
     optimizer = make_optimizer(config, steps)
     schedule = BatchSchedule(train_stream, model, config)
     dev_loss = None if dev_stream is None else DevLoss(model, dev_stream, config)
-    params = jax.tree.map(jnp.array, params)              # a copy: the step donates its input
+    names = set(getattr(model, "fixed_params", ()))
+    fixed = {name: value for name, value in params.items() if name in names}
+    params = jax.tree.map(jnp.array, {name: value for name, value in params.items() if name not in names})  # a
+    # copy: the step donates its input
     manager = checkpoint_manager(run_dir / "checkpoints")
     metrics_path = run_dir / "metrics.jsonl"
     start, params, opt_state, seconds = restore_training_state(manager, run_dir, params, optimizer.init(params),
@@ -262,7 +266,7 @@ def train(model: Model, params: Params, train_stream: np.ndarray, config: TrainC
         if config.batch_size % mesh.devices.size:
             raise SaffuError(f"--batch-size {config.batch_size} must be a multiple of the {mesh.devices.size} devices")
         replicated, split = NamedSharding(mesh, PartitionSpec()), NamedSharding(mesh, PartitionSpec("data"))
-        params, opt_state = jax.device_put((params, opt_state), replicated)
+        params, opt_state, fixed = jax.device_put((params, opt_state, fixed), replicated)
         put_batch = lambda batch: jax.device_put(batch, split)
     else:
         put_batch = jax.device_put
@@ -271,7 +275,7 @@ def train(model: Model, params: Params, train_stream: np.ndarray, config: TrainC
     batch = put_batch(schedule(min(start, steps - 1)))
     stats = StepStats.zeros()
     compiled_step = make_train_step(model, optimizer, config).lower(
-        params, opt_state, stats, jnp.asarray(start), *batch).compile()
+        params, opt_state, stats, jnp.asarray(start), *batch, fixed).compile()
     tokens_per_step = config.batch_size * config.seq_len
     step_xla_flops = accounting.xla_flops(compiled_step)
     step_flops = accounting.training_flops(model, tokens_per_step, config.seq_len)
@@ -288,7 +292,8 @@ def train(model: Model, params: Params, train_stream: np.ndarray, config: TrainC
                   "flops": step * step_flops,
                   "xla_flops": None if step_xla_flops is None else step * step_xla_flops,
                   **accounting.memory_record(),
-                  "train_loss": meter.train_loss(), "dev_loss": dev_loss(params), "skipped_steps": meter.skipped}
+                  "train_loss": meter.train_loss(), "dev_loss": dev_loss({**params, **fixed}),
+                  "skipped_steps": meter.skipped}
         history.append(record)
         with open(metrics_path, "a") as handle:
             handle.write(json.dumps(record) + "\n")
@@ -300,7 +305,7 @@ def train(model: Model, params: Params, train_stream: np.ndarray, config: TrainC
     meter.resume()
     bar = tqdm(range(start, steps), initial=start, total=steps, desc="train", disable=not progress, leave=False)
     for step in bar:
-        params, opt_state, stats = compiled_step(params, opt_state, stats, jnp.asarray(step), *batch)
+        params, opt_state, stats = compiled_step(params, opt_state, stats, jnp.asarray(step), *batch, fixed)
         done = step + 1
         if done < steps:      # prefetch: the next batch goes to the device while this step runs
             batch = put_batch(schedule(done))
@@ -317,4 +322,4 @@ def train(model: Model, params: Params, train_stream: np.ndarray, config: TrainC
             meter.resume()
     manager.wait_until_finished()
     manager.close()
-    return params, history
+    return {**params, **fixed}, history

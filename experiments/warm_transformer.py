@@ -1,0 +1,270 @@
+"""Explicit warm start of the transformer, measured in steps, seconds and FLOPs to a target.
+
+Variants, all the same transformer (the same trainable parameters), the same trainer, learning
+rate and data order per seed:
+
+* ``cold``: random init;
+* ``explicit-init``: output bias = log unigram, token embeddings and output kernel from the
+  explicit low-rank factors at rank = width, rescaled to the random init's scale
+  (:func:`saffu.models.transformer.explicit_transformer_init`); ``explicit-bias`` takes the
+  bias only (the ablation of the other pieces);
+* ``residual``: ``logits = log P_exact + f_θ`` over the exact token-resolution model
+  (``saffu exact``, Kneser-Ney chain, frozen), ``f_θ``'s output layer at zero, so step 0 is the
+  exact model; ``residual-learned`` also learns ``λ``.
+
+For every fraction of the training data (whole documents, :func:`saffu.data.workdir.
+subset_workdir`) the explicit parts are solved from that fraction only, and their seconds are
+added to the variant's training seconds. Each run (variant, seed, fraction) trains one epoch,
+records dev loss every ``--eval-every`` steps on evenly spaced dev windows, and is scored on the
+whole dev split at the end; finished runs are skipped on a rerun, so several processes (say one
+per core) can share ``--out``. ``--report`` gathers every finished run into ``report.json``, a
+table (``report.md``) and ``curves.png``: dev loss against steps, seconds (solve included) and
+FLOPs, and the steps-to-target table (target = the cold start's mean final dev loss on the
+same windows).
+
+    python experiments/warm_transformer.py --workdir runs/babylm --out runs/warm_transformer \\
+        --exact-run runs/exact_kn --variants cold residual --seeds 0 1 2
+    python experiments/warm_transformer.py --workdir runs/babylm --out runs/warm_transformer --report
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+
+VARIANTS = ("cold", "explicit-init", "explicit-bias", "residual", "residual-learned")
+
+
+def _workdir(source, out: Path, fraction: float):
+    from saffu.data.workdir import open_workdir, subset_workdir
+    if fraction >= 1:
+        return source
+    path = out / "data" / f"{fraction:g}"
+    if (path / "meta.json").exists():
+        return open_workdir(path)
+    return subset_workdir(source, path, train_fraction=fraction)
+
+
+def _exact(workdir, out: Path, fraction: float, exact_run: Path | None):
+    """The exact model's run directory for this fraction (solved here unless given) and its seconds."""
+    from saffu.configs import ExactConfig
+    from saffu.eval.scoring import evaluate_split
+    from saffu.solve.exact import solve_exact
+    from saffu.training.checkpoints import save_explicit, save_run_config
+    run = exact_run if (exact_run is not None and fraction >= 1) else out / "exact" / f"{fraction:g}"
+    record = run / "solve.json"
+    if record.exists():
+        return run, json.loads(record.read_text())
+    metrics = run / "metrics.json"
+    if metrics.exists() and (run / "explicit").exists():        # a `saffu exact` run with --metrics-json
+        report = json.loads(metrics.read_text())
+    else:
+        config = ExactConfig(workdir.vocab_size)
+        params, report = solve_exact(workdir, config, progress=False)
+        run.mkdir(parents=True, exist_ok=True)
+        save_run_config(run, config, workdir)
+        save_explicit(run, params)
+        report.update(evaluate_split(params, config, workdir, "dev", None, progress=False))
+    summary = {"seconds": report["seconds"], "dev_bpb": report["dev_bpb"], "dev_loss": report["dev_loss"],
+               "peak_rss_mb": report.get("peak_rss_mb")}
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps(summary))
+    return run, summary
+
+
+def run_one(variant: str, seed: int, fraction: float, args, source) -> dict:
+    import jax
+
+    from saffu.configs import FactorConfig, FactorisedConfig, ResidualConfig, TrainConfig
+    from saffu.eval.scoring import evaluate_split
+    from saffu.models.interface import parameter_count
+    from saffu.models.residual import with_explicit
+    from saffu.models.transformer import explicit_transformer_init
+    from saffu.solve.factors import solve_factorised
+    from saffu.training.checkpoints import load_explicit, load_run_config
+    from saffu.training.trainer import train
+
+    workdir = _workdir(source, args.out, fraction)
+    base = _transformer(args, workdir.vocab_size)
+    key = jax.random.fold_in(jax.random.key(seed), 0)
+    solve_seconds, extra = 0.0, {}
+    if variant == "cold":
+        config, params = base, base.init(key)
+    elif variant in ("explicit-init", "explicit-bias"):
+        tick = time.perf_counter()
+        factors, report = solve_factorised(workdir, FactorisedConfig(workdir.vocab_size, rank=base.width, positions=1),
+                                           FactorConfig(), progress=False)
+        pieces = ("bias",) if variant == "explicit-bias" else ("bias", "embeddings", "output")
+        config, params = base, explicit_transformer_init(base, key, factors, pieces)
+        solve_seconds = time.perf_counter() - tick
+        extra["factor_holdout_loss"] = report.get("holdout_loss")
+    else:
+        exact_run, summary = _exact(workdir, args.out, fraction, args.exact_run)
+        explicit_config = load_run_config(exact_run)
+        config = ResidualConfig(base, explicit_config, str(exact_run.resolve()),
+                                scale="learned" if variant == "residual-learned" else "fixed")
+        params = with_explicit(config.init(key), load_explicit(exact_run, explicit_config))
+        solve_seconds = summary["seconds"]
+        extra.update(explicit_dev_bpb=summary["dev_bpb"], explicit_dev_loss=summary["dev_loss"])
+    fixed = {name: params[name] for name in getattr(config, "fixed_params", ())}
+    run = args.out / "runs" / f"{variant}_s{seed}_f{fraction:g}"
+    train_config = TrainConfig(learning_rate=args.learning_rate, seed=seed, eval_every=args.eval_every,
+                               eval_windows=args.eval_windows, checkpoint_every=10**9)
+    trained, history = train(config, params, workdir.tokens(workdir.train_split), train_config, run / "train",
+                             dev_stream=workdir.tokens("dev"), progress=False)
+    scores = evaluate_split(trained, config, workdir, "dev", args.eval_tokens or None, progress=False)
+    result = {"variant": variant, "seed": seed, "fraction": fraction, "learning_rate": args.learning_rate,
+              "trained_params": parameter_count(trained) - parameter_count(fixed),
+              "train_tokens": int(len(workdir.tokens(workdir.train_split))), "solve_seconds": solve_seconds,
+              "history": history, **extra, **scores}
+    if variant == "residual-learned":
+        result["scale"] = float(trained["scale"])
+    (run / "result.json").write_text(json.dumps(result))
+    return result
+
+
+def _transformer(args, vocab_size: int):
+    from saffu.configs import TransformerConfig
+    return TransformerConfig(vocab_size, width=args.width, layers=args.layers)
+
+
+def _first_at(history: list[dict], target: float, offset: float, key: str) -> float:
+    """The first ``key`` (plus ``offset``) at which the recorded dev loss is at or below
+    ``target``, interpolated linearly between evaluations; ``nan`` if never."""
+    previous = None
+    for record in history:
+        if record["dev_loss"] <= target:
+            if previous is None or previous["dev_loss"] == record["dev_loss"]:
+                return record[key] + offset
+            share = (previous["dev_loss"] - target) / (previous["dev_loss"] - record["dev_loss"])
+            return previous[key] + share * (record[key] - previous[key]) + offset
+        previous = record
+    return math.nan
+
+
+def report(out: Path) -> dict:
+    """Gather every finished run under ``out/runs`` into ``report.json``, ``report.md`` and ``curves.png``."""
+    results = [json.loads(path.read_text()) for path in sorted((out / "runs").glob("*/result.json"))]
+    if not results:
+        raise SystemExit(f"no finished runs under {out / 'runs'}")
+    rows, lines = [], []
+    fractions = sorted({r["fraction"] for r in results})
+    lines.append("| data | variant | seeds | trained params | dev bits/byte (mean ± sd) | dev loss | "
+                 "steps to target | seconds to target (solve incl.) | FLOPs to target |")
+    lines.append("|---|---|---|---|---|---|---|---|---|")
+    for fraction in fractions:
+        here = [r for r in results if r["fraction"] == fraction]
+        cold = [r for r in here if r["variant"] == "cold"]
+        if cold:
+            target = float(np.mean([r["history"][-1]["dev_loss"] for r in cold]))
+            cold_steps = float(np.mean([r["history"][-1]["step"] for r in cold]))
+            cold_seconds = float(np.mean([r["history"][-1]["seconds"] for r in cold]))
+            cold_flops = float(np.mean([r["history"][-1]["flops"] for r in cold]))
+        for variant in VARIANTS:
+            group = [r for r in here if r["variant"] == variant]
+            if not group:
+                continue
+            bpb = [r["dev_bpb"] for r in group]
+            row = {"fraction": fraction, "variant": variant, "seeds": [r["seed"] for r in group],
+                   "trained_params": group[0]["trained_params"], "dev_bpb_mean": float(np.mean(bpb)),
+                   "dev_bpb_sd": float(np.std(bpb, ddof=1)) if len(bpb) > 1 else 0.0,
+                   "dev_loss_mean": float(np.mean([r["dev_loss"] for r in group])),
+                   "solve_seconds": float(np.mean([r["solve_seconds"] for r in group])),
+                   "train_seconds": float(np.mean([r["history"][-1]["seconds"] for r in group]))}
+            if "scale" in group[0]:
+                row["scale_mean"] = float(np.mean([r["scale"] for r in group]))
+            if cold:
+                steps = [_first_at(r["history"], target, 0.0, "step") for r in group]
+                seconds = [_first_at(r["history"], target, r["solve_seconds"], "seconds") for r in group]
+                flops = [_first_at(r["history"], target, 0.0, "flops") for r in group]
+                row.update(target_dev_loss=target, steps_to_target=float(np.mean(steps)),
+                           steps_share=float(np.mean(steps)) / cold_steps,
+                           seconds_to_target=float(np.mean(seconds)), seconds_share=float(np.mean(seconds)) / cold_seconds,
+                           flops_to_target=float(np.mean(flops)), flops_share=float(np.mean(flops)) / cold_flops)
+            rows.append(row)
+            share = (lambda key: f"{row[key]:.0%}" if key in row and math.isfinite(row[key]) else "not reached")
+            lines.append(f"| {fraction:.0%} | {variant} | {len(group)} | {row['trained_params']:,} | "
+                         f"{row['dev_bpb_mean']:.4f} ± {row['dev_bpb_sd']:.4f} | {row['dev_loss_mean']:.4f} | "
+                         f"{share('steps_share')} | {share('seconds_share')} | {share('flops_share')} |")
+    table = "\n".join(lines)
+    (out / "report.md").write_text(table + "\n")
+    (out / "report.json").write_text(json.dumps({"rows": rows}, indent=1))
+    _plot(results, out / "curves.png")
+    print(table)
+    return {"rows": rows}
+
+
+def _plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    full = [r for r in results if r["fraction"] == max(x["fraction"] for x in results)]
+    figure, axes = plt.subplots(1, 3, figsize=(15, 4.2), sharey=True)
+    colours = dict(zip(VARIANTS, ("tab:gray", "tab:blue", "tab:cyan", "tab:red", "tab:orange")))
+    for variant in VARIANTS:
+        group = [r for r in full if r["variant"] == variant]
+        for i, r in enumerate(group):
+            history = r["history"]
+            loss = [h["dev_loss"] for h in history]
+            label = variant if i == 0 else None
+            axes[0].plot([h["step"] for h in history], loss, color=colours[variant], alpha=0.8, label=label)
+            axes[1].plot([h["seconds"] + r["solve_seconds"] for h in history], loss, color=colours[variant], alpha=0.8)
+            axes[2].plot([h["flops"] for h in history], loss, color=colours[variant], alpha=0.8)
+    for axis, name in zip(axes, ("optimizer steps", "seconds (explicit solve included)", "training FLOPs")):
+        axis.set_xlabel(name)
+        axis.grid(alpha=0.3)
+    axes[0].set_ylabel("dev loss (nats/token, evenly spaced windows)")
+    axes[0].legend()
+    figure.suptitle("transformer, one epoch: cold start against explicit init and explicit residual (each seed)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--workdir", type=Path, help="a prepared work directory (not needed for --report)")
+    parser.add_argument("--out", type=Path, default=Path("runs/warm_transformer"), help="runs and the report go here")
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=["cold", "explicit-init", "residual"])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--fractions", type=float, nargs="+", default=[1.0], help="shares of the training split")
+    parser.add_argument("--exact-run", type=Path, help="an existing `saffu exact` run of the whole training split")
+    parser.add_argument("--learning-rate", type=float, default=0.01, help="peak learning rate (every variant)")
+    parser.add_argument("--width", type=int, default=128, help="transformer width")
+    parser.add_argument("--layers", type=int, default=5, help="transformer blocks")
+    parser.add_argument("--eval-every", type=int, default=50, help="steps between dev evaluations")
+    parser.add_argument("--eval-windows", type=int, default=128, help="dev windows of the periodic evaluations")
+    parser.add_argument("--eval-tokens", type=int, default=0, help="dev tokens of the final score (0: all)")
+    parser.add_argument("--report", action="store_true", help="only gather the finished runs")
+    parser.add_argument("--metrics-json", type=Path, help="flat JSON of the report's rows")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if not args.report:
+        if args.workdir is None:
+            parser.error("--workdir is required to train")
+        from saffu.data.workdir import open_workdir
+        source = open_workdir(args.workdir)
+        for fraction in args.fractions:
+            for seed in args.seeds:
+                for variant in args.variants:
+                    if (args.out / "runs" / f"{variant}_s{seed}_f{fraction:g}" / "result.json").exists():
+                        continue
+                    result = run_one(variant, seed, fraction, args, source)
+                    print(f"{fraction:.0%} {variant:>16} seed {seed}: dev {result['dev_bpb']:.4f} bits/byte, "
+                          f"{result['history'][-1]['seconds']:.0f} s training + {result['solve_seconds']:.0f} s solve",
+                          flush=True)
+    summary = report(args.out)
+    if args.metrics_json:
+        from saffu._io import write_metrics
+        write_metrics(args.metrics_json, {f"{row['variant']}_f{row['fraction']:g}_{key}": value for row in summary["rows"]
+                                          for key, value in row.items() if isinstance(value, float)})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""Explicit residual: a trainable model that learns only what a fixed explicit model misses
+(:class:`saffu.configs.ResidualConfig`)::
+
+    logits = λ · log P_explicit(y | context) + f_θ(context)
+
+``P_explicit`` is the exact token-resolution model (:mod:`saffu.models.exact`: sparse gathers
+and a ``V``-wide log-softmax per position), ``f_θ`` the transformer, SAFFU or the factorised
+model. ``f_θ``'s output layer starts at zero, so at step 0 the residual model *is* the
+explicit model; the explicit tables are inputs (``fixed_params``): the trainer never
+differentiates or updates them, and :func:`residual_logits` stops their gradient as well.
+Parameters::
+
+    {"model": f_θ's params, "scale": float32[] (λ), "explicit": the exact model's params}
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from saffu.configs import ResidualConfig
+
+Params = dict[str, Any]
+
+
+def zero_output(kind: str, params: Params) -> Params:
+    """``params`` of a ``kind`` model with the layer that produces its logits set to zero, so
+    the model's logits are exactly 0 (a copy; the other weights are untouched):
+    the transformer's ``output``, the factorised model's ``output_weights``/``output_bias``,
+    SAFFU's last block's ``group_weights`` or ``output_weights`` and ``output_bias``."""
+    params = jax.tree.map(lambda x: x, params)
+    if kind == "transformer":
+        params["output"] = jax.tree.map(jnp.zeros_like, params["output"])
+    elif kind == "factorised":
+        params.update(output_weights=jnp.zeros_like(params["output_weights"]),
+                      output_bias=jnp.zeros_like(params["output_bias"]))
+    elif kind == "saffu":
+        last = params["blocks"][max(params["blocks"])]
+        for name in ("group_weights", "output_weights", "output_bias"):
+            if name in last:
+                last[name] = jnp.zeros_like(last[name])
+    else:
+        raise ValueError(f"no output layer known for a {kind!r} model")
+    return params
+
+
+def residual_init(config: ResidualConfig, key: jax.Array) -> Params:
+    """The trainable part at step 0: ``f_θ`` randomly initialised (``config.base.init``) with
+    its output layer at zero, and ``λ = config.scale_init``."""
+    return {"model": zero_output(config.base.kind, config.base.init(key)),
+            "scale": jnp.asarray(config.scale_init, jnp.float32)}
+
+
+def with_explicit(params: Params, explicit: Params) -> Params:
+    """``params`` (:func:`residual_init` or a checkpoint of it) with the explicit model's
+    tables (:func:`saffu.solve.exact.solve_exact`, or ``load_explicit`` of its run) added."""
+    return {**params, "explicit": explicit}
+
+
+def explicit_log_probs(params: Params, config: ResidualConfig, tokens: jax.Array) -> jax.Array:
+    """``log P_explicit`` at every position, gradient stopped: ``int32[B, S]`` -> ``float32[B, S, V]``."""
+    frozen = jax.tree.map(jax.lax.stop_gradient, params["explicit"])
+    return jax.nn.log_softmax(config.explicit.logits(frozen, tokens).astype(jnp.float32), axis=-1)
+
+
+def residual_logits(params: Params, config: ResidualConfig, tokens: jax.Array) -> jax.Array:
+    """``λ · log P_explicit + f_θ``: ``int32[B, S]`` -> ``float32[B, S, V]``."""
+    trained = config.base.logits(params["model"], tokens)
+    return params["scale"].astype(trained.dtype) * explicit_log_probs(params, config, tokens).astype(trained.dtype) \
+        + trained

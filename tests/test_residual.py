@@ -1,0 +1,165 @@
+"""Explicit warm start of the transformer: the explicit residual (step 0 is the exact model, no
+gradient reaches the frozen tables) and the explicit init (random init's tree and shapes)."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from saffu._io import SaffuError
+from saffu.configs import (ExactConfig, FactorConfig, FactorisedConfig, ResidualConfig, SaffuConfig, TrainConfig,
+                           TransformerConfig)
+from saffu.models.interface import window_loss
+from saffu.models.residual import with_explicit, zero_output
+from saffu.models.transformer import explicit_transformer_init
+from saffu.solve.exact import solve_exact
+from saffu.solve.factors import solve_factorised
+from saffu.training.trainer import train
+
+
+@pytest.fixture(scope="module")
+def exact_model(tiny_workdir):
+    config = ExactConfig(tiny_workdir.vocab_size, groups=((0,), (1,), (0, 1)), buckets=(3,), holdout_tokens=200)
+    params, _ = solve_exact(tiny_workdir, config, progress=False)
+    return config, params
+
+
+def _windows(workdir, count=3, length=24):
+    stream = np.asarray(workdir.tokens(workdir.train_split))
+    return jnp.asarray(np.stack([stream[i * 40:i * 40 + length] for i in range(count)]), jnp.int32)
+
+
+def _residual(workdir, exact_model, base, scale="fixed"):
+    explicit_config, explicit = exact_model
+    config = ResidualConfig(base, explicit_config, "unused", scale=scale)
+    return config, with_explicit(config.init(jax.random.key(3)), explicit)
+
+
+@pytest.mark.parametrize("base_kind", ["transformer", "saffu", "factorised"])
+def test_residual_at_step_zero_is_the_explicit_model(tiny_workdir, exact_model, base_kind):
+    V = tiny_workdir.vocab_size
+    base = {"transformer": TransformerConfig(V, width=16, layers=1, heads=2, context_tokens=4, max_len=64),
+            "saffu": SaffuConfig(V, bits=10, radius=4, heads=1),
+            "factorised": FactorisedConfig(V, rank=8, positions=2, radius=4)}[base_kind]
+    config, params = _residual(tiny_workdir, exact_model, base)
+    tokens = _windows(tiny_workdir)
+    got = jax.nn.log_softmax(config.logits(params, tokens), axis=-1)
+    want = jax.nn.log_softmax(exact_model[0].logits(exact_model[1], tokens), axis=-1)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5)
+    assert float(jnp.abs(base.logits(params["model"], tokens)).max()) == 0.0   # f_θ starts at exactly 0
+
+
+def test_no_gradient_reaches_the_frozen_explicit_tables(tiny_workdir, exact_model, tmp_path):
+    V = tiny_workdir.vocab_size
+    base = TransformerConfig(V, width=16, layers=1, heads=2, context_tokens=4, max_len=64)
+    config, params = _residual(tiny_workdir, exact_model, base, scale="learned")
+    tokens = _windows(tiny_workdir)
+    mask = jnp.ones((tokens.shape[0], tokens.shape[1] - config.context), bool)
+    leaves, treedef = jax.tree.flatten(params["explicit"])
+    where = [i for i, leaf in enumerate(leaves) if leaf.dtype == jnp.float32]
+
+    def loss(floats):
+        explicit = list(leaves)
+        for i, leaf in zip(where, floats):
+            explicit[i] = leaf
+        nll, count = window_loss({**params, "explicit": jax.tree.unflatten(treedef, explicit)}, config, tokens, mask)
+        return nll / count
+
+    grads = jax.grad(loss)([leaves[i] for i in where])
+    assert where and all(float(jnp.abs(g).max()) == 0.0 for g in grads)
+
+    stream = tiny_workdir.tokens(tiny_workdir.train_split)
+    before = jax.tree.map(np.asarray, params)
+    trained, history = train(config, params, stream, TrainConfig(steps=6, batch_size=2, seq_len=16, eval_every=3,
+                                                                 learning_rate=1e-2, warmup_steps=1),
+                             tmp_path / "run", dev_stream=tiny_workdir.tokens("dev"), progress=False)
+    assert jax.tree.all(jax.tree.map(np.array_equal, before["explicit"], jax.tree.map(np.asarray, trained["explicit"])))
+    assert float(trained["scale"]) != 1.0                                     # λ learned
+    changed = jax.tree.map(lambda a, b: not np.array_equal(a, np.asarray(b)), before["model"], trained["model"])
+    assert all(jax.tree.leaves(changed["output"]))                           # f_θ left zero
+    assert history[0]["step"] == 0 and history[-1]["step"] == 6
+
+
+def test_residual_config_errors(exact_model):
+    explicit_config, _ = exact_model
+    base = TransformerConfig(explicit_config.vocab_size, width=16, layers=1, heads=2)
+    with pytest.raises(SaffuError, match="scale"):
+        ResidualConfig(base, explicit_config, "r", scale="annealed-ish")
+    with pytest.raises(SaffuError, match="exact model"):
+        ResidualConfig(base, base, "r")
+    with pytest.raises(SaffuError, match="tokens"):
+        ResidualConfig(TransformerConfig(explicit_config.vocab_size + 1, width=16, layers=1, heads=2),
+                       explicit_config, "r")
+    assert ResidualConfig(base, explicit_config, "r").fixed_params == ("explicit", "scale")
+    assert ResidualConfig(base, explicit_config, "r", scale="learned").fixed_params == ("explicit",)
+    with pytest.raises(ValueError):
+        zero_output("bigram", {})
+
+
+def test_explicit_init_keeps_the_random_tree_and_takes_the_factors(tiny_workdir):
+    V = tiny_workdir.vocab_size
+    config = TransformerConfig(V, width=16, layers=2, heads=2, context_tokens=4, max_len=64)
+    factors, _ = solve_factorised(tiny_workdir, FactorisedConfig(V, rank=16, positions=1),
+                                  FactorConfig(holdout_tokens=200), progress=False)
+    key = jax.random.key(0)
+    random = config.init(key)
+    params = explicit_transformer_init(config, key, factors)
+    assert jax.tree.structure(params) == jax.tree.structure(random)
+    assert jax.tree.map(lambda x: (x.shape, x.dtype), params) == jax.tree.map(lambda x: (x.shape, x.dtype), random)
+    np.testing.assert_allclose(params["output"]["bias"], factors["output_bias"])
+    rms = lambda x: float(jnp.sqrt(jnp.mean(jnp.square(x))))
+    for got, like, source in [(params["embed"]["embedding"], random["embed"]["embedding"], factors["embeddings"][0]),
+                              (params["output"]["kernel"], random["output"]["kernel"], factors["output_weights"])]:
+        assert rms(got) == pytest.approx(rms(like), rel=1e-4)               # the initialiser's scale
+        cosine = float(jnp.sum(got * source) / jnp.sqrt(jnp.sum(got ** 2) * jnp.sum(source ** 2)))
+        assert cosine == pytest.approx(1.0, abs=1e-5)                        # the factor's direction
+    only_bias = explicit_transformer_init(config, key, factors, ("bias",))
+    np.testing.assert_array_equal(only_bias["embed"]["embedding"], random["embed"]["embedding"])
+    np.testing.assert_array_equal(only_bias["blocks"][0]["mlp_in"]["kernel"], random["blocks"][0]["mlp_in"]["kernel"])
+    with pytest.raises(SaffuError, match="rank 32"):
+        explicit_transformer_init(TransformerConfig(V, width=32, layers=1, heads=2), key, factors)
+    with pytest.raises(SaffuError, match="pieces"):
+        explicit_transformer_init(config, key, factors, ("attention",))
+
+
+def test_cli_residual_and_explicit_transformer(tiny_workdir, exact_model, tmp_path, capsys):
+    from saffu.cli import main
+    exact_run, metrics = tmp_path / "exact", tmp_path / "m.json"
+    work = ["--workdir", str(tiny_workdir.path)]
+    assert main(["exact", *work, "--run", str(exact_run), "--groups", "0 1 0,1", "--buckets", "3",
+                 "--holdout-tokens", "200", "--quiet", "--metrics-json", str(metrics)]) == 0
+    exact_bpb = json.loads(metrics.read_text())["dev_bpb"]
+    small = ["--model", "transformer", "--width", "16", "--layers", "1", "--attention-heads", "2", "--context", "4",
+             "--max-len", "64", "--batch-size", "2", "--seq-len", "16", "--eval-every", "2", "--quiet"]
+    run = tmp_path / "residual"
+    # zero steps of learning rate: the trained model is still the exact model
+    assert main(["train", *work, "--run", str(run), "--init", "random", "--residual", str(exact_run), *small,
+                 "--steps", "2", "--learning-rate", "0", "--metrics-json", str(metrics)]) == 0
+    trained = json.loads(metrics.read_text())
+    assert trained["model"] == "residual" and trained["dev_bpb"] == pytest.approx(exact_bpb, rel=1e-5)
+    assert trained["params"] > trained["trained_params"] > 0 and trained["scale"] == 1.0
+    assert main(["eval", *work, "--run", str(run), "--quiet", "--metrics-json", str(metrics)]) == 0
+    assert json.loads(metrics.read_text())["dev_bpb"] == pytest.approx(exact_bpb, rel=1e-5)
+    blimp = tmp_path / "blimp"                       # the explicit part counts in BLiMP and generation too
+    blimp.mkdir()
+    (blimp / "p.jsonl").write_text("".join(json.dumps({"sentence_good": good, "sentence_bad": bad, "field": "syntax",
+                                                       "UID": "p"}) + "\n"
+                                           for good, bad in [("the cat sat on the mat .", "the cat mat on the sat ."),
+                                                             ("she saw a dog .", "she a saw dog .")]))
+    scores = []
+    for source in (exact_run, run):
+        assert main(["blimp", *work, "--run", str(source), "--blimp", str(blimp), "--quiet",
+                     "--metrics-json", str(metrics)]) == 0
+        scores.append(json.loads(metrics.read_text()))
+    assert scores[0]["blimp_accuracy"] == scores[1]["blimp_accuracy"]
+    assert main(["generate", *work, "--run", str(run), "--num-samples", "2", "--max-tokens", "6", "--quiet",
+                 "--metrics-json", str(metrics)]) == 0
+    assert json.loads(metrics.read_text())["samples"] == 2
+    assert main(["train", *work, "--run", str(run), "--init", "explicit", "--residual", str(exact_run), *small]) == 2
+    assert "--init random" in capsys.readouterr().err
+    warm = tmp_path / "warm"
+    assert main(["train", *work, "--run", str(warm), "--init", "explicit", *small, "--steps", "2",
+                 "--explicit-pieces", "bias", "--holdout-tokens", "200", "--metrics-json", str(metrics)]) == 0
+    assert json.loads(metrics.read_text())["solve_seconds"] > 0
