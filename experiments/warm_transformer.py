@@ -226,6 +226,42 @@ def _plot(results: list[dict], path: Path) -> None:
     plt.close(figure)
 
 
+def inspect(out: Path, args, source) -> dict:
+    """Attention diagnostics (:mod:`saffu.eval.attention`) of every finished run's final
+    transformer (``f_θ`` of a residual) on ``--inspect-windows`` evenly spaced dev windows;
+    each saved as the run's ``attention.json``, all of them in ``attention.png`` and ``attention.md``."""
+    import jax
+
+    from saffu.eval.attention import inspect_attention, plot_profiles
+    from saffu.training.checkpoints import load_latest_params
+    profiles, lines = {}, ["| run | max effective rank per layer (90% energy) | largest column's share per layer | "
+                           "lazy layers |", "|---|---|---|---|"]
+    for path in sorted((out / "runs").glob("*/result.json")):
+        run = path.parent
+        record = run / "attention.json"
+        if not record.exists():
+            config = _transformer(args, source.vocab_size)
+            template = jax.eval_shape(lambda: config.init(jax.random.key(0)))
+            if run.name.startswith("residual"):
+                template = {"model": template, "scale": jax.ShapeDtypeStruct((), "float32")}
+            loaded = load_latest_params(run / "train", template)
+            if loaded is None:
+                continue
+            params = loaded[0]["model"] if run.name.startswith("residual") else loaded[0]
+            record.write_text(json.dumps(inspect_attention(params, config, source.tokens("dev"),
+                                                           windows=args.inspect_windows)))
+        profiles[run.name] = profile = json.loads(record.read_text())
+        ranks = " ".join(str(layer["max_rank"]) for layer in profile["layers"])
+        shares = " ".join(f"{layer['mean_top_column_share']:.2f}" for layer in profile["layers"])
+        lines.append(f"| {run.name} | {ranks} | {shares} | {profile['lazy_layers'] or 'none'} |")
+    if profiles:
+        plot_profiles(profiles, out / "attention.png", "attention of the trained transformers (f_θ for residuals): "
+                      "effective rank and largest-column share per layer")
+        (out / "attention.md").write_text("\n".join(lines) + "\n")
+        print("\n".join(lines))
+    return profiles
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -243,6 +279,9 @@ def main(argv=None):
     parser.add_argument("--eval-tokens", type=int, default=0, help="dev tokens of the final score (0: all)")
     parser.add_argument("--report", action="store_true", help="only gather the finished runs")
     parser.add_argument("--metrics-json", type=Path, help="flat JSON of the report's rows")
+    parser.add_argument("--inspect", action="store_true",
+                        help="also the attention diagnostics of every finished run (needs --workdir)")
+    parser.add_argument("--inspect-windows", type=int, default=64, help="dev windows of the attention diagnostics")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.report:
@@ -260,6 +299,11 @@ def main(argv=None):
                           f"{result['history'][-1]['seconds']:.0f} s training + {result['solve_seconds']:.0f} s solve",
                           flush=True)
     summary = report(args.out)
+    if args.inspect:
+        if args.workdir is None:
+            parser.error("--inspect needs --workdir")
+        from saffu.data.workdir import open_workdir
+        inspect(args.out, args, open_workdir(args.workdir))
     if args.metrics_json:
         from saffu._io import write_metrics
         write_metrics(args.metrics_json, {f"{row['variant']}_f{row['fraction']:g}_{key}": value for row in summary["rows"]

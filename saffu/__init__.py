@@ -9,11 +9,13 @@ The package is laid out as the pipeline runs, imports flowing one way (top to bo
   (meshes, multi-process sums), closed-form smoothing formulas, FLOP and memory accounting;
 * ``ngram`` — exact sparse n-gram counts, Kneser-Ney, ARPA files;
 * ``models`` — the shared model interface and losses, the SAFFU stack, the cipher bigram
-  layer, the exact token-resolution model, the factorised model, the transformer baseline;
+  layer, the exact token-resolution model, the factorised model, the transformer baseline,
+  the explicit residual over any of them;
 * ``solve`` — explicit solutions of the models (SAFFU stage by stage, the bigram layer, the
   exact groups, their low-rank factors);
 * ``training`` — the one trainer (warm or cold start) and run directories / checkpoints;
-* ``eval`` — metrics, scoring and generation, BLiMP, the n-gram baseline on work directories;
+* ``eval`` — metrics, scoring and generation, BLiMP, the n-gram baseline on work directories,
+  attention diagnostics;
 * ``cli`` — parses flags and calls the stages above.
 
 The names below are imported on first use, so ``import saffu`` (and ``saffu --help``) does
@@ -29,7 +31,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "saffu._io": ["SaffuError"],
     "saffu.configs": ["BigramConfig", "CipherConfig", "ExactConfig", "FactorConfig", "FactorisedConfig",
-                      "PrepareConfig", "SaffuConfig", "Smoothing",
+                      "PrepareConfig", "ResidualConfig", "SaffuConfig", "Smoothing",
                       "SolverConfig", "TrainConfig", "TransformerConfig", "min_bits"],
     "saffu.data.corpus": ["Corpus", "babylm_corpus", "iter_documents", "text_files_corpus"],
     "saffu.data.download": ["download_babylm"],
@@ -49,7 +51,8 @@ _EXPORTS = {
     "saffu.models.bigram": ["bigram_nll", "random_bigram"],
     "saffu.models.exact": ["exact_logits"],
     "saffu.models.factorised": ["factorised_logits"],
-    "saffu.models.transformer": ["Transformer"],
+    "saffu.models.transformer": ["Transformer", "explicit_transformer_init"],
+    "saffu.models.residual": ["with_explicit"],
     "saffu.solve.saffu": ["solve_explicit"],
     "saffu.solve.bigram": ["fit_explicit_bigram"],
     "saffu.solve.exact": ["solve_exact"],
@@ -58,6 +61,7 @@ _EXPORTS = {
     "saffu.training.checkpoints": ["load_explicit", "load_params", "save_explicit"],
     "saffu.eval.metrics": ["language_model_metrics", "pair_counts", "split_metrics"],
     "saffu.eval.scoring": ["evaluate_split", "generate"],
+    "saffu.eval.attention": ["attention_profile", "effective_rank", "inspect_attention", "mean_attention"],
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 

@@ -556,6 +556,28 @@ def cmd_generate(args) -> dict:
             **{f"sample_{i}": t for i, t in enumerate(texts)}}
 
 
+def cmd_inspect(args) -> dict:
+    """Attention diagnostics of a run: effective ranks, largest-column shares, lazy layers."""
+    from saffu._io import atomic_write_json
+    from saffu.eval.attention import flat_metrics, inspect_attention, plot_profiles, profile_table
+    workdir, config, params, which = _load_run(args)
+    profile = inspect_attention(params, config, workdir.tokens(args.split), args.windows, args.seq_len,
+                                args.energy, args.lazy_rank, progress=not args.quiet)
+    out = args.out if args.out is not None else args.run / "attention"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    json_path, plot_path = out.with_suffix(".json"), out.with_suffix(".png")
+    atomic_write_json(json_path, {"run": str(args.run), "weights": which, "split": args.split, **profile})
+    plot_profiles({f"{args.run.name} ({which})": profile}, plot_path,
+                  f"attention of {args.run.name}: {profile['windows']} {args.split} windows of "
+                  f"{profile['window_tokens']} tokens")
+    print(f"attention of {args.run} ({which}), {profile['windows']} {args.split} windows of "
+          f"{profile['window_tokens']} tokens, effective rank at {args.energy:.0%} energy, lazy at rank "
+          f"≤ {args.lazy_rank}:")
+    print(profile_table(profile))
+    print(f"lazy layers: {profile['lazy_layers'] or 'none'}; written to {json_path} and {plot_path}")
+    return {"weights": which, **flat_metrics(profile), "json": str(json_path), "plot": str(plot_path)}
+
+
 class _HelpFormatter(argparse.HelpFormatter):
     """Shows every option's default (taken from the configs) after its help."""
 
@@ -839,6 +861,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=1.0, help="softmax temperature (> 0)")
     p.add_argument("--top-k", type=int, default=50, help="sample among the k most likely tokens (0: all)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    _add_common(p)
+
+    p = command("inspect", "attention diagnostics of a run: effective ranks, lazy layers",
+                "Average every layer's and head's post-softmax attention over evenly spaced windows of a "
+                "split, then report its effective rank (the smallest r whose top-r singular values hold "
+                "--energy of the squared total), its largest column's share of the mass, each layer's "
+                "maximum rank over heads and whether the layer is lazy (maximum rank ≤ --lazy-rank). "
+                "Writes JSON and a per-layer plot.", cmd_inspect)
+    _add_run_flags(p)
+    p.add_argument("--split", default="dev", help="split whose windows are averaged")
+    p.add_argument("--windows", type=int, default=64, help="evenly spaced windows to average over")
+    p.add_argument("--seq-len", type=int, help="targets per window (default: the model's evaluation length)")
+    p.add_argument("--energy", type=float, default=0.9, help="energy threshold of the effective rank, in (0, 1]")
+    p.add_argument("--lazy-rank", type=int, default=1, help="a layer is lazy when no head's rank exceeds this")
+    p.add_argument("--out", type=Path, help="path stem of the JSON and PNG (default: RUN/attention)")
     _add_common(p)
 
     p = command("download", "download the official BabyLM release (needs internet)",

@@ -124,6 +124,7 @@ def test_explicit_init_keeps_the_random_tree_and_takes_the_factors(tiny_workdir)
         explicit_transformer_init(config, key, factors, ("attention",))
 
 
+@pytest.mark.slow   # end to end through the CLI (exact, train, eval, blimp, generate): about 40 s
 def test_cli_residual_and_explicit_transformer(tiny_workdir, exact_model, tmp_path, capsys):
     from saffu.cli import main
     exact_run, metrics = tmp_path / "exact", tmp_path / "m.json"

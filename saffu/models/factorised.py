@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from saffu.configs import FactorisedConfig
+from saffu.data.tokenizer import PAD_ID
 from saffu.models.exact import document_contexts
 
 Params = dict[str, Any]
@@ -42,18 +43,33 @@ def init_params(config: FactorisedConfig, key: jax.Array, scale: float = 0.02) -
     return params
 
 
+def _heads(params: Params, config: FactorisedConfig, context: jax.Array):
+    """Per head, its rows ``X [B, S, M_h, r]`` and attention ``[B, S, M_h]`` over them."""
+    for head in range(config.heads):
+        X = params["embeddings"][0][context[..., :config.head_radius(head)]]
+        similarity = jnp.einsum("...mr,...r->...m", X, X[..., 0, :])
+        yield X, jax.nn.softmax(similarity @ params[f"attention_{head}"], axis=-1)
+
+
 def hidden_states(params: Params, config: FactorisedConfig, tokens: jax.Array) -> jax.Array:
     """``h_t`` of every position: ``int32[B, S]`` -> ``float32[B, S, r]``."""
     context = document_contexts(tokens, config.context)                     # [B, S, R], <pad> outside
     P = config.positions
-    embeddings = params["embeddings"]
-    h = jnp.sum(embeddings[jnp.arange(P), context[..., :P]], axis=-2)        # [B, S, r]
-    for head in range(config.heads):
-        X = embeddings[0][context[..., :config.head_radius(head)]]          # [B, S, M_h, r]
-        similarity = jnp.einsum("...mr,...r->...m", X, X[..., 0, :])
-        attention = jax.nn.softmax(similarity @ params[f"attention_{head}"], axis=-1)
+    h = jnp.sum(params["embeddings"][jnp.arange(P), context[..., :P]], axis=-2)   # [B, S, r]
+    for head, (X, attention) in enumerate(_heads(params, config, context)):
         h = h + jnp.einsum("...m,...mr->...r", attention, X) @ params["value_weights"][head]
     return h
+
+
+def factorised_attention(params: Params, config: FactorisedConfig, tokens: jax.Array) -> list[tuple[list[jax.Array], jax.Array]]:
+    """The one layer's heads' attention ``[float32[B, S, M_h]]`` (query position × offset) and
+    each offset's visibility ``bool[B, S, M]`` (an invisible row is ``<pad>``'s embedding), as
+    :func:`saffu.models.saffu.saffu_attention`."""
+    if not config.heads:
+        return []
+    context = document_contexts(tokens, config.context)
+    visible = context != PAD_ID
+    return [([attention for _, attention in _heads(params, config, context)], visible[..., :config.radius])]
 
 
 def factorised_logits(params: Params, config: FactorisedConfig, tokens: jax.Array) -> jax.Array:

@@ -102,14 +102,22 @@ def block_windows(sequence: jax.Array, visible: jax.Array, pad_row: jax.Array) -
     return jnp.where(visible[..., None], rows, pad_row.reshape((1,) * (rows.ndim - 1) + pad_row.shape))
 
 
+def head_attention(block: Params, config: SaffuConfig, X: jax.Array) -> list[jax.Array]:
+    """Per head ``h``, the attention ``a = softmax((X x_h) W_A^h)`` of every position over its
+    ``M_h`` most recent rows (offset ``δ = 0`` is the head row), each ``[..., M_h]``."""
+    head_row = X[..., 0, :]
+    weights = []
+    for h in range(config.heads):
+        similarity = jnp.einsum("...mk,...k->...m", X[..., :config.head_radius(h), :], head_row)
+        weights.append(jax.nn.softmax(similarity @ block[f"attention_{h}"], axis=-1))
+    return weights
+
+
 def attention_values(block: Params, config: SaffuConfig, X: jax.Array) -> list[jax.Array]:
     """Per head, the attended value ``u_h`` of every position, each ``[..., K]``."""
-    head_row = X[..., 0, :]
     values = []
-    for h in range(config.heads):
+    for h, attention in enumerate(head_attention(block, config, X)):
         Xh = X[..., :config.head_radius(h), :]
-        similarity = jnp.einsum("...mk,...k->...m", Xh, head_row)
-        attention = jax.nn.softmax(similarity @ block[f"attention_{h}"], axis=-1)
         if config.value_form == "linear":
             values.append(jnp.einsum("...m,...mk->...k", attention, Xh))
         else:
@@ -173,6 +181,18 @@ def saffu_logits(params: Params, config: SaffuConfig, tokens: jax.Array) -> jax.
     if config.exact_positions:
         logits = logits + exact_features(params["exact"], config, tokens)
     return logits
+
+
+def saffu_attention(params: Params, config: SaffuConfig, tokens: jax.Array) -> list[tuple[list[jax.Array], jax.Array]]:
+    """Per block, its heads' attention ``[float32[B, S, M_h]]`` (:func:`head_attention`: query
+    position × offset) and the visibility ``bool[B, S, M]`` of each offset (an invisible row is
+    the boundary code, not a position) for ``tokens int32[B, S]``."""
+    maps = []
+    for index in range(config.blocks):
+        sequence, visible = block_inputs(params, config, tokens, index)
+        X = block_windows(sequence, visible, cipher_table(config)[PAD_ID])
+        maps.append((head_attention(params["blocks"][index], config, X), visible))
+    return maps
 
 
 class SaffuBlock(nnx.Module):

@@ -43,8 +43,8 @@ class Block(nnx.Module):
         self.mlp_in = nnx.Linear(d, config.mlp_ratio * d, rngs=rngs)
         self.mlp_out = nnx.Linear(config.mlp_ratio * d, d, rngs=rngs)
 
-    def __call__(self, x: jax.Array, mask: jax.Array) -> jax.Array:
-        x = x + self.attention(self.attention_norm(x), mask=mask)
+    def __call__(self, x: jax.Array, mask: jax.Array, sow_weights: bool = False) -> jax.Array:
+        x = x + self.attention(self.attention_norm(x), mask=mask, sow_weights=sow_weights)
         return x + self.mlp_out(jax.nn.gelu(self.mlp_in(self.mlp_norm(x))))
 
 
@@ -59,7 +59,9 @@ class Transformer(nnx.Module):
         self.final_norm = nnx.LayerNorm(config.width, rngs=rngs)
         self.output = nnx.Linear(config.width, config.vocab_size, rngs=rngs)
 
-    def __call__(self, tokens: jax.Array) -> jax.Array:
+    def __call__(self, tokens: jax.Array, sow_weights: bool = False) -> jax.Array:
+        """``sow_weights``: also keep every block's post-softmax attention weights
+        (``block.attention.attention_weights``, see :func:`transformer_attention`)."""
         length = tokens.shape[1]
         if length > self.config.max_len:
             raise SaffuError(f"window of {length} tokens is longer than the transformer's max_len "
@@ -67,7 +69,7 @@ class Transformer(nnx.Module):
         x = self.embed(tokens) + self.positions[...][None, :length]
         mask = document_causal_mask(tokens)
         for block in self.blocks:
-            x = block(x, mask)
+            x = block(x, mask, sow_weights)
         return self.output(self.final_norm(x))
 
 
@@ -91,12 +93,25 @@ def transformer_init(config: TransformerConfig, key: jax.Array) -> Params:
     return nnx.to_pure_dict(nnx.state(model, nnx.Param))
 
 
-def transformer_logits(params: Params, config: TransformerConfig, tokens: jax.Array) -> jax.Array:
-    """Next-token logits ``float32[B, S, V]`` of ``tokens int32[B, S]`` with the params dict."""
+def _module(params: Params, config: TransformerConfig) -> Transformer:
     graphdef, template = _graph(config)
     state = jax.tree.map(lambda x: x, template)          # a fresh State to fill
     nnx.replace_by_pure_dict(state, params)
-    return nnx.merge(graphdef, state)(tokens)
+    return nnx.merge(graphdef, state)
+
+
+def transformer_logits(params: Params, config: TransformerConfig, tokens: jax.Array) -> jax.Array:
+    """Next-token logits ``float32[B, S, V]`` of ``tokens int32[B, S]`` with the params dict."""
+    return _module(params, config)(tokens)
+
+
+def transformer_attention(params: Params, config: TransformerConfig, tokens: jax.Array) -> list[jax.Array]:
+    """Per block, the post-softmax attention weights ``float32[B, H, S, S]`` (query × key) of
+    ``tokens int32[B, S]``; a query's row sums to 1 over the keys it may see."""
+    forward = nnx.capture(lambda model, tokens: model(tokens, sow_weights=True), nnx.Intermediate)
+    _, sown = forward(_module(params, config), tokens)
+    sown = nnx.to_pure_dict(sown)
+    return [sown["blocks"][index]["attention"]["attention_weights"][0] for index in range(config.layers)]
 
 
 def sized_like(vocab_size: int, target_params: int, width: int = 128, heads: int = 4,

@@ -1,0 +1,230 @@
+"""Attention diagnostics: is a layer's attention degenerate ("lazy")?
+
+For every layer and head of a model with attention — the transformer, SAFFU stacks, the
+factorised model, and the trainable part of an explicit residual — the post-softmax attention
+matrix ``A[query, key]`` is averaged over a batch of evenly spaced windows of a split
+(:func:`mean_attention`). SAFFU and the factorised model attend over offsets ``δ`` back from
+each position; their matrices are put on absolute positions, ``A[p, p − δ] = a[p, δ]``, and
+mass on an invisible row (the boundary code or ``<pad>``, not a position) is left out, so their
+rows sum to at most 1.
+
+Per head (:func:`attention_profile`):
+
+* the **effective rank** at energy ``e`` (default 90%): the smallest ``r`` with
+  ``Σ_{i ≤ r} σ_i² ≥ e · Σ_i σ_i²`` over the singular values ``σ`` of the averaged matrix
+  (:func:`effective_rank`);
+* the **largest column's share** of the mass, ``max_k Σ_q A[q, k] / Σ A``: 1 when every query
+  attends to one key (the first token of the window, say), about ``ln(S) / S`` for uniform
+  causal attention.
+
+Per layer: the maximum effective rank over its heads and a **lazy** flag, set when that
+maximum is at most ``lazy_rank`` (default 1: every head's averaged attention has collapsed to
+rank 1, which in causal attention means one column).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tqdm.auto import tqdm
+
+from saffu._io import SaffuError
+
+ENERGY = 0.9
+LAZY_RANK = 1
+
+
+def effective_rank(matrix: np.ndarray, energy: float = ENERGY) -> int:
+    """The smallest ``r`` with ``Σ_{i ≤ r} σ_i² ≥ energy · Σ_i σ_i²`` of ``matrix float[N, K]``
+    (singular values in float64; 0 for the zero matrix). ``energy`` in ``(0, 1]``."""
+    if not 0 < energy <= 1:
+        raise SaffuError(f"the energy threshold must lie in (0, 1], got {energy}")
+    squares = np.linalg.svd(np.asarray(matrix, np.float64), compute_uv=False) ** 2
+    total = squares.sum()
+    if total == 0:
+        return 0
+    return int(min(np.searchsorted(np.cumsum(squares), energy * total * (1 - 1e-12)) + 1, len(squares)))
+
+
+def top_column(matrix: np.ndarray) -> tuple[float, int]:
+    """``(share, column)``: the column of ``matrix float[N, K]`` with the most mass and its
+    share of the total (0 and -1 for the zero matrix)."""
+    columns = np.asarray(matrix, np.float64).sum(axis=0)
+    total = columns.sum()
+    if total == 0:
+        return 0.0, -1
+    column = int(np.argmax(columns))
+    return float(columns[column] / total), column
+
+
+def _model(config):
+    """The model whose attention counts: the trainable part ``f_θ`` of an explicit residual."""
+    return config.base if config.kind == "residual" else config
+
+
+def has_attention(config) -> bool:
+    """Whether :func:`mean_attention` has anything to average for a model of ``config``."""
+    model = _model(config)
+    return model.kind in ("transformer", "saffu") or (model.kind == "factorised" and model.heads > 0)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _summed(params, config, tokens: jax.Array, weights: jax.Array):
+    """Per layer, per head: the attention of ``tokens int32[B, S]`` summed over the batch with
+    ``weights float32[B]``, ``[S, S]`` (transformer) or ``[S, M_h]`` with the invisible offsets
+    zeroed (offset models)."""
+    if config.kind == "residual":
+        params, config = params["model"], config.base
+    if config.kind == "transformer":
+        from saffu.models.transformer import transformer_attention
+        return [list(jnp.einsum("b,bhqk->hqk", weights, a)) for a in transformer_attention(params, config, tokens)]
+    if config.kind == "saffu":
+        from saffu.models.saffu import saffu_attention
+        layers = saffu_attention(params, config, tokens)
+    else:
+        from saffu.models.factorised import factorised_attention
+        layers = factorised_attention(params, config, tokens)
+    return [[jnp.einsum("b,bsm->sm", weights, a * visible[..., :a.shape[-1]]) for a in heads]
+            for heads, visible in layers]
+
+
+def _absolute(relative: np.ndarray, size: int) -> np.ndarray:
+    """``[S, M]`` over offsets -> ``[S, S]`` over positions: ``A[p, p − δ] = relative[p, δ]``."""
+    matrix = np.zeros((size, size))
+    for delta in range(min(relative.shape[1], size)):
+        rows = np.arange(delta, size)
+        matrix[rows, rows - delta] = relative[delta:, delta]
+    return matrix
+
+
+def mean_attention(params, config, windows: np.ndarray, batch_size: int = 16,
+                   progress: str | None = None) -> list[list[np.ndarray]]:
+    """Per layer, per head: the post-softmax attention ``float64[S, S]`` (query × key, absolute
+    positions) averaged over ``windows int32[N, S]`` (see the module docstring), ``batch_size``
+    windows per compiled call. ``config`` is a transformer, SAFFU, factorised or residual config."""
+    if not has_attention(config):
+        raise SaffuError(f"a {config.kind} model has no attention to inspect")
+    windows = np.asarray(windows)
+    if windows.ndim != 2 or len(windows) == 0:
+        raise SaffuError(f"need a non-empty int[N, S] batch of windows, got shape {windows.shape}")
+    N, S = windows.shape
+    totals = None
+    for start in tqdm(range(0, N, batch_size), desc=progress, disable=progress is None, leave=False):
+        batch = windows[start:start + batch_size]
+        weights = np.zeros(batch_size, np.float32)
+        weights[:len(batch)] = 1                  # one compiled shape: the last batch is padded, weight 0
+        batch = np.concatenate([batch, np.repeat(batch[-1:], batch_size - len(batch), axis=0)])
+        summed = _summed(params, config, jnp.asarray(batch, jnp.int32), jnp.asarray(weights))
+        summed = jax.tree.map(lambda x: np.asarray(x, np.float64), summed)
+        totals = summed if totals is None else jax.tree.map(np.add, totals, summed)
+    absolute = _model(config).kind == "transformer"
+    return [[head / N if absolute else _absolute(head / N, S) for head in layer] for layer in totals]
+
+
+def attention_profile(maps: list[list[np.ndarray]], energy: float = ENERGY, lazy_rank: int = LAZY_RANK) -> dict:
+    """Effective ranks, largest-column shares and lazy flags of :func:`mean_attention`'s maps::
+
+        {"energy", "lazy_rank", "size": S, "lazy_layers": [l, ...],
+         "layers": [{"layer", "max_rank", "mean_top_column_share", "lazy",
+                     "heads": [{"head", "rank", "top_column_share", "top_column", "mass"}]}]}
+
+    ``mass`` is the mean row sum (1, or less where an offset model attended to the boundary)."""
+    if lazy_rank < 0:
+        raise SaffuError(f"--lazy-rank must be ≥ 0, got {lazy_rank}")
+    layers = []
+    for index, heads in enumerate(maps):
+        rows = []
+        for h, matrix in enumerate(heads):
+            share, column = top_column(matrix)
+            rows.append({"head": h, "rank": effective_rank(matrix, energy), "top_column_share": share,
+                         "top_column": column, "mass": float(np.asarray(matrix).sum(axis=1).mean())})
+        max_rank = max(row["rank"] for row in rows)
+        layers.append({"layer": index, "max_rank": max_rank, "lazy": max_rank <= lazy_rank,
+                       "mean_top_column_share": float(np.mean([row["top_column_share"] for row in rows])),
+                       "heads": rows})
+    size = int(maps[0][0].shape[0]) if maps and maps[0] else 0
+    return {"energy": energy, "lazy_rank": lazy_rank, "size": size,
+            "lazy_layers": [layer["layer"] for layer in layers if layer["lazy"]], "layers": layers}
+
+
+def inspect_attention(params, config, stream: np.ndarray, windows: int = 64, seq_len: int | None = None,
+                      energy: float = ENERGY, lazy_rank: int = LAZY_RANK, batch_size: int = 16,
+                      progress: bool = False) -> dict:
+    """:func:`attention_profile` of ``windows`` evenly spaced windows of ``stream`` (a split's
+    tokens), each ``config.context + seq_len`` tokens long (``seq_len`` defaults to the model's
+    ``eval_seq_len``); the profile also holds ``windows`` and ``window_tokens``."""
+    from saffu.training.trainer import evenly_spaced_windows
+    if windows < 1:
+        raise SaffuError(f"--windows must be ≥ 1, got {windows}")
+    seq_len = seq_len or config.eval_seq_len
+    if seq_len < 1:
+        raise SaffuError(f"--seq-len must be ≥ 1, got {seq_len}")
+    batch, _ = evenly_spaced_windows(np.asarray(stream), config, seq_len, windows)
+    maps = mean_attention(params, config, np.asarray(batch), batch_size, progress="attention" if progress else None)
+    profile = attention_profile(maps, energy, lazy_rank)
+    return {**profile, "windows": int(batch.shape[0]), "window_tokens": int(batch.shape[1])}
+
+
+def profile_table(profile: dict) -> str:
+    """A plain-text table of a profile, one line per layer."""
+    lines = [f"{'layer':>5}  {'max rank':>8}  {'ranks per head':<24} {'top column share':>16}  lazy"]
+    for layer in profile["layers"]:
+        ranks = " ".join(str(head["rank"]) for head in layer["heads"])
+        lines.append(f"{layer['layer']:>5}  {layer['max_rank']:>8}  {ranks:<24} "
+                     f"{layer['mean_top_column_share']:>16.3f}  {'yes' if layer['lazy'] else 'no'}")
+    return "\n".join(lines)
+
+
+def plot_profiles(profiles: dict[str, dict], path: str | Path, title: str = "") -> None:
+    """One figure: per layer, each head's effective rank (dots) and the layer's maximum (line),
+    and each head's largest-column share, for every labelled profile."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4))
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (label, profile) in enumerate(profiles.items()):
+        colour = colours[i % len(colours)]
+        layers = [layer["layer"] for layer in profile["layers"]]
+        for layer in profile["layers"]:
+            x = [layer["layer"]] * len(layer["heads"])
+            axes[0].scatter(x, [h["rank"] for h in layer["heads"]], color=colour, alpha=0.5, s=14)
+            axes[1].scatter(x, [h["top_column_share"] for h in layer["heads"]], color=colour, alpha=0.5, s=14)
+        axes[0].plot(layers, [layer["max_rank"] for layer in profile["layers"]], color=colour, marker="o",
+                     label=f"{label} (max over heads)")
+        axes[1].plot(layers, [layer["mean_top_column_share"] for layer in profile["layers"]], color=colour,
+                     marker="o", label=f"{label} (mean over heads)")
+    first = next(iter(profiles.values()))
+    axes[0].axhline(first["lazy_rank"], color="black", linestyle=":", linewidth=1, label="lazy at or below")
+    axes[0].set_yscale("log")
+    axes[0].set_ylabel(f"effective rank at {first['energy']:.0%} energy (of {first['size']})")
+    axes[1].set_ylabel("largest column's share of the attention mass")
+    axes[1].set_ylim(0, 1.02)
+    for axis in axes:
+        axis.set_xlabel("layer")
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=8)
+        axis.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    if title:
+        figure.suptitle(title)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def flat_metrics(profile: dict) -> dict:
+    """The profile as flat ``name: number`` pairs (for ``--metrics-json``)."""
+    flat = {"layers": len(profile["layers"]), "lazy_layers": len(profile["lazy_layers"]),
+            "energy": profile["energy"], "lazy_rank": profile["lazy_rank"], "matrix_size": profile["size"]}
+    for layer in profile["layers"]:
+        flat[f"layer_{layer['layer']}_max_rank"] = layer["max_rank"]
+        flat[f"layer_{layer['layer']}_top_column_share"] = round(layer["mean_top_column_share"], 6)
+    if not math.isfinite(sum(v for v in flat.values() if isinstance(v, float))):
+        raise SaffuError("the attention profile holds non-finite values")
+    return flat

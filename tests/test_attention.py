@@ -1,0 +1,169 @@
+"""Attention diagnostics: the rank measure on matrices of known rank, lazy flags on constructed
+attention, the averaged maps against float64 numpy references, and `saffu inspect`."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from saffu._io import SaffuError
+from saffu.configs import FactorisedConfig, ResidualConfig, SaffuConfig, TransformerConfig
+from saffu.data.tokenizer import EOD_ID, PAD_ID
+from saffu.eval.attention import attention_profile, effective_rank, mean_attention, top_column
+from saffu.models.saffu import cipher_table
+
+
+def test_effective_rank_of_matrices_of_known_rank():
+    rng = np.random.default_rng(0)
+    for rank in (1, 3, 7):
+        matrix = rng.normal(size=(20, rank)) @ rng.normal(size=(rank, 15))
+        assert effective_rank(matrix, energy=1.0) == rank
+        assert effective_rank(matrix, energy=0.5) <= rank
+    # singular values 3, 2, 1: energies 9, 4, 1 of 14; 90% (12.6) needs two, 60% (8.4) one
+    q1, _ = np.linalg.qr(rng.normal(size=(6, 6)))
+    q2, _ = np.linalg.qr(rng.normal(size=(5, 5)))
+    matrix = q1[:, :3] @ np.diag([3.0, 2.0, 1.0]) @ q2[:3]
+    assert [effective_rank(matrix, e) for e in (0.6, 0.9, 0.99, 1.0)] == [1, 2, 3, 3]
+    assert effective_rank(np.eye(4), 0.5) == 2                          # exactly at the threshold
+    assert effective_rank(np.zeros((3, 3))) == 0
+    with pytest.raises(SaffuError, match="energy"):
+        effective_rank(np.eye(2), 0.0)
+
+
+def test_a_single_column_layer_is_lazy_and_a_diagonal_one_is_not():
+    S = 12
+    sink = np.zeros((S, S))
+    sink[:, 0] = 1.0                                                     # every query on the first key
+    diagonal = np.eye(S)                                                 # every query on itself
+    uniform = np.tril(np.ones((S, S))) / np.arange(1, S + 1)[:, None]   # causal uniform
+    profile = attention_profile([[sink, sink], [sink, diagonal], [uniform]], energy=0.9, lazy_rank=1)
+    assert profile["lazy_layers"] == [0]
+    first, mixed, spread = profile["layers"]
+    assert first["max_rank"] == 1 and first["mean_top_column_share"] == pytest.approx(1.0)
+    assert [h["rank"] for h in mixed["heads"]] == [1, effective_rank(diagonal, 0.9)] and not mixed["lazy"]
+    assert mixed["heads"][1]["top_column_share"] == pytest.approx(1 / S)
+    assert top_column(uniform) == (pytest.approx(sum(1 / np.arange(1, S + 1)) / S), 0)
+    assert not spread["lazy"] and profile["size"] == S
+    assert attention_profile([[diagonal]], lazy_rank=S)["lazy_layers"] == [0]
+
+
+def _layer_norm(x, params, eps=1e-6):
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * params["scale"] + params["bias"]
+
+
+def _reference_transformer_attention(params, config, tokens):
+    """Block 0's attention in float64 numpy: ``[B, H, S, S]``."""
+    p = jax.tree.map(lambda x: np.asarray(x, np.float64), params)
+    B, S = tokens.shape
+    x = p["embed"]["embedding"][tokens] + p["positions"][:S]
+    h = _layer_norm(x, p["blocks"][0]["attention_norm"])
+    attention = p["blocks"][0]["attention"]
+    q = np.einsum("bsd,dhk->bhsk", h, attention["query"]["kernel"]) + attention["query"]["bias"][None, :, None]
+    k = np.einsum("bsd,dhk->bhsk", h, attention["key"]["kernel"]) + attention["key"]["bias"][None, :, None]
+    logits = np.einsum("bhqc,bhkc->bhqk", q, k) / np.sqrt(q.shape[-1])
+    document = np.cumsum(tokens == EOD_ID, axis=1)
+    visible = (document[:, :, None] == document[:, None, :]) & np.tril(np.ones((S, S), bool))[None]
+    logits = np.where(visible[:, None], logits, -np.inf)
+    weights = np.exp(logits - logits.max(-1, keepdims=True))
+    return weights / weights.sum(-1, keepdims=True)
+
+
+def _windows(workdir, count, length):
+    stream = np.asarray(workdir.tokens(workdir.train_split))
+    return np.stack([stream[i * 37:i * 37 + length] for i in range(count)]).astype(np.int32)
+
+
+def test_transformer_maps_equal_a_float64_reference_and_average_exactly(tiny_workdir):
+    config = TransformerConfig(tiny_workdir.vocab_size, width=16, layers=2, heads=2, context_tokens=4, max_len=64)
+    params = config.init(jax.random.key(1))
+    windows = _windows(tiny_workdir, 5, 20)
+    assert (windows == EOD_ID).any()                                    # documents end inside windows
+    maps = mean_attention(params, config, windows, batch_size=2)        # 2 + 2 + 1 (a padded batch)
+    assert len(maps) == 2 and all(len(layer) == 2 and layer[0].shape == (20, 20) for layer in maps)
+    want = _reference_transformer_attention(params, config, windows).mean(axis=0)
+    np.testing.assert_allclose(np.stack(maps[0]), want, atol=2e-6)
+    for head in maps[1]:
+        np.testing.assert_allclose(head.sum(axis=1), 1.0, atol=1e-5)  # rows of probabilities
+        assert np.abs(np.triu(head, 1)).max() == 0.0                     # causal
+    one_by_one = [mean_attention(params, config, windows[i:i + 1], batch_size=4) for i in range(5)]
+    np.testing.assert_allclose(maps[1][1], np.mean([m[1][1] for m in one_by_one], axis=0), atol=1e-6)
+
+
+def test_saffu_maps_are_offsets_placed_on_positions(tiny_workdir):
+    config = SaffuConfig(tiny_workdir.vocab_size, bits=10, radius=4, heads=2, blocks=2)
+    params = config.init(jax.random.key(2))
+    params["blocks"][0]["attention_0"] = 3.0 * jax.random.normal(jax.random.key(5), (4, 4))
+    windows = _windows(tiny_workdir, 3, 16)
+    maps = mean_attention(params, config, windows)
+    assert len(maps) == 2 and all(len(layer) == 2 for layer in maps)
+    # block 0, head 0 in float64: rows X[δ] = code of x_{p−δ} (the boundary code where invisible)
+    codes = np.asarray(cipher_table(config), np.float64)
+    W = np.asarray(params["blocks"][0]["attention_0"], np.float64)
+    want = np.zeros((16, 16))
+    for window in windows:
+        document = np.cumsum(window == EOD_ID)
+        for p in range(16):
+            rows, seen = [], []
+            for delta in range(4):
+                visible = p - delta >= 0 and document[p - delta] == document[p]
+                rows.append(codes[window[p - delta]] if visible else codes[PAD_ID])
+                seen.append(visible)
+            X = np.stack(rows)
+            scores = (X @ X[0]) @ W
+            a = np.exp(scores - scores.max())
+            a /= a.sum()
+            for delta in range(4):
+                if seen[delta]:
+                    want[p, p - delta] += a[delta] / len(windows)
+    np.testing.assert_allclose(maps[0][0], want, atol=1e-5)
+    assert np.all(maps[1][1].sum(axis=1) <= 1 + 1e-5)                    # boundary mass left out
+    assert np.abs(np.triu(maps[1][0], 1)).max() == 0.0 and np.abs(np.tril(maps[1][0], -4)).max() == 0.0
+
+
+def test_residual_and_factorised_models_show_their_trainable_attention(tiny_workdir, exact_model_small):
+    V = tiny_workdir.vocab_size
+    windows = _windows(tiny_workdir, 2, 12)
+    base = TransformerConfig(V, width=16, layers=1, heads=2, context_tokens=4, max_len=64)
+    explicit_config, explicit = exact_model_small
+    residual = ResidualConfig(base, explicit_config, "unused")
+    params = {**residual.init(jax.random.key(0)), "explicit": explicit}
+    np.testing.assert_allclose(mean_attention(params, residual, windows)[0][1],
+                               mean_attention(params["model"], base, windows)[0][1])
+    factorised = FactorisedConfig(V, rank=8, positions=2, radius=4, heads=1)
+    maps = mean_attention(factorised.init(jax.random.key(0)), factorised, windows)
+    assert len(maps) == 1 and maps[0][0].shape == (12, 12)
+    with pytest.raises(SaffuError, match="no attention"):
+        mean_attention(explicit, explicit_config, windows)
+    with pytest.raises(SaffuError, match="no attention"):
+        no_heads = FactorisedConfig(V, rank=8, positions=2, heads=0)
+        mean_attention(no_heads.init(jax.random.key(0)), no_heads, windows)
+
+
+@pytest.fixture(scope="module")
+def exact_model_small(tiny_workdir):
+    from saffu.configs import ExactConfig
+    from saffu.solve.exact import solve_exact
+    config = ExactConfig(tiny_workdir.vocab_size, groups=((0,),), buckets=(), holdout_tokens=200)
+    params, _ = solve_exact(tiny_workdir, config, progress=False)
+    return config, params
+
+
+def test_cli_inspect_writes_json_and_a_plot(tiny_workdir, tmp_path, capsys):
+    from saffu.cli import main
+    run, metrics = tmp_path / "tf", tmp_path / "m.json"
+    args = ["--workdir", str(tiny_workdir.path), "--run", str(run)]
+    assert main(["train", *args, "--init", "random", "--model", "transformer", "--width", "16", "--layers", "2",
+                 "--attention-heads", "2", "--context", "4", "--max-len", "40", "--steps", "2", "--batch-size", "2",
+                 "--seq-len", "16", "--eval-tokens", "64", "--quiet"]) == 0
+    assert main(["inspect", *args, "--windows", "3", "--quiet", "--metrics-json", str(metrics)]) == 0
+    figures = json.loads(metrics.read_text())
+    profile = json.loads((run / "attention.json").read_text())
+    assert figures["layers"] == 2 and "layer_1_max_rank" in figures and figures["matrix_size"] == profile["window_tokens"]
+    assert 1 <= profile["windows"] <= 3 and [layer["layer"] for layer in profile["layers"]] == [0, 1]
+    assert (run / "attention.png").stat().st_size > 0
+    assert "max rank" in capsys.readouterr().out
+    assert main(["inspect", *args, "--energy", "1.5", "--quiet"]) == 2
+    assert "energy" in capsys.readouterr().err
