@@ -235,15 +235,17 @@ def inspect(out: Path, args, source) -> dict:
     from saffu.eval.attention import inspect_attention, plot_profiles
     from saffu.training.checkpoints import load_latest_params
     profiles, lines = {}, ["| run | max effective rank per layer (90% energy) | largest column's share per layer | "
-                           "lazy layers |", "|---|---|---|---|"]
+                           "first visible key's share per layer (uniform attention) | lazy layers |",
+                           "|---|---|---|---|---|"]
     for path in sorted((out / "runs").glob("*/result.json")):
         run = path.parent
         record = run / "attention.json"
         if not record.exists():
             config = _transformer(args, source.vocab_size)
             template = jax.eval_shape(lambda: config.init(jax.random.key(0)))
-            if run.name.startswith("residual"):
-                template = {"model": template, "scale": jax.ShapeDtypeStruct((), "float32")}
+            if run.name.startswith("residual"):            # λ is trained (so checkpointed) when learned only
+                template = {"model": template, **({"scale": jax.ShapeDtypeStruct((), "float32")}
+                                                  if run.name.startswith("residual-learned") else {})}
             loaded = load_latest_params(run / "train", template)
             if loaded is None:
                 continue
@@ -253,7 +255,9 @@ def inspect(out: Path, args, source) -> dict:
         profiles[run.name] = profile = json.loads(record.read_text())
         ranks = " ".join(str(layer["max_rank"]) for layer in profile["layers"])
         shares = " ".join(f"{layer['mean_top_column_share']:.2f}" for layer in profile["layers"])
-        lines.append(f"| {run.name} | {ranks} | {shares} | {profile['lazy_layers'] or 'none'} |")
+        firsts = " ".join(f"{layer['mean_first_key_share']:.2f}" for layer in profile["layers"])
+        lines.append(f"| {run.name} | {ranks} | {shares} | {firsts} ({profile['first_key_share_if_uniform']:.2f}) | "
+                     f"{profile['lazy_layers'] or 'none'} |")
     if profiles:
         plot_profiles(profiles, out / "attention.png", "attention of the trained transformers (f_θ for residuals): "
                       "effective rank and largest-column share per layer")

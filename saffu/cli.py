@@ -574,6 +574,7 @@ def cmd_inspect(args) -> dict:
           f"{profile['window_tokens']} tokens, effective rank at {args.energy:.0%} energy, lazy at rank "
           f"≤ {args.lazy_rank}:")
     print(profile_table(profile))
+    print(f"(uniform attention would put {profile['first_key_share_if_uniform']:.3f} on the first visible key)")
     print(f"lazy layers: {profile['lazy_layers'] or 'none'}; written to {json_path} and {plot_path}")
     return {"weights": which, **flat_metrics(profile), "json": str(json_path), "plot": str(plot_path)}
 

@@ -10,7 +10,8 @@ import pytest
 from saffu._io import SaffuError
 from saffu.configs import FactorisedConfig, ResidualConfig, SaffuConfig, TransformerConfig
 from saffu.data.tokenizer import EOD_ID, PAD_ID
-from saffu.eval.attention import attention_profile, effective_rank, mean_attention, top_column
+from saffu.eval.attention import (attention_profile, attention_summary, effective_rank, first_visible, mean_attention,
+                                  top_column)
 from saffu.models.saffu import cipher_table
 
 
@@ -48,6 +49,13 @@ def test_a_single_column_layer_is_lazy_and_a_diagonal_one_is_not():
     assert attention_profile([[diagonal]], lazy_rank=S)["lazy_layers"] == [0]
 
 
+def test_first_visible_key_is_the_last_eod_at_or_before_the_query():
+    E = EOD_ID
+    tokens = np.array([[5, E, 7, 8, E, E, 9], [E, 3, 4, 5, 6, 7, 8], [3, 4, 5, 6, 7, 8, 9]], np.int32)
+    want = [[0, 1, 1, 1, 4, 5, 5], [0, 0, 0, 0, 0, 0, 0], [0] * 7]
+    np.testing.assert_array_equal(np.asarray(first_visible(tokens)), want)
+
+
 def _layer_norm(x, params, eps=1e-6):
     mean = x.mean(-1, keepdims=True)
     var = ((x - mean) ** 2).mean(-1, keepdims=True)
@@ -81,10 +89,13 @@ def test_transformer_maps_equal_a_float64_reference_and_average_exactly(tiny_wor
     params = config.init(jax.random.key(1))
     windows = _windows(tiny_workdir, 5, 20)
     assert (windows == EOD_ID).any()                                    # documents end inside windows
-    maps = mean_attention(params, config, windows, batch_size=2)        # 2 + 2 + 1 (a padded batch)
+    maps, first = attention_summary(params, config, windows, batch_size=2)   # 2 + 2 + 1 (a padded batch)
     assert len(maps) == 2 and all(len(layer) == 2 and layer[0].shape == (20, 20) for layer in maps)
-    want = _reference_transformer_attention(params, config, windows).mean(axis=0)
-    np.testing.assert_allclose(np.stack(maps[0]), want, atol=2e-6)
+    reference = _reference_transformer_attention(params, config, windows)      # [B, H, S, S]
+    np.testing.assert_allclose(np.stack(maps[0]), reference.mean(axis=0), atol=2e-6)
+    starts = np.asarray(first_visible(windows))
+    on_first = np.take_along_axis(reference, starts[:, None, :, None], axis=-1)[..., 0]   # [B, H, S]
+    np.testing.assert_allclose(first[0], on_first.mean(axis=(0, 2)), atol=2e-6)
     for head in maps[1]:
         np.testing.assert_allclose(head.sum(axis=1), 1.0, atol=1e-5)  # rows of probabilities
         assert np.abs(np.triu(head, 1)).max() == 0.0                     # causal
@@ -97,13 +108,15 @@ def test_saffu_maps_are_offsets_placed_on_positions(tiny_workdir):
     params = config.init(jax.random.key(2))
     params["blocks"][0]["attention_0"] = 3.0 * jax.random.normal(jax.random.key(5), (4, 4))
     windows = _windows(tiny_workdir, 3, 16)
-    maps = mean_attention(params, config, windows)
+    maps, first = attention_summary(params, config, windows)
     assert len(maps) == 2 and all(len(layer) == 2 for layer in maps)
+    on_first = 0.0
     # block 0, head 0 in float64: rows X[δ] = code of x_{p−δ} (the boundary code where invisible)
     codes = np.asarray(cipher_table(config), np.float64)
     W = np.asarray(params["blocks"][0]["attention_0"], np.float64)
     want = np.zeros((16, 16))
-    for window in windows:
+    starts = np.asarray(first_visible(windows))
+    for window, start in zip(windows, starts):
         document = np.cumsum(window == EOD_ID)
         for p in range(16):
             rows, seen = [], []
@@ -118,7 +131,9 @@ def test_saffu_maps_are_offsets_placed_on_positions(tiny_workdir):
             for delta in range(4):
                 if seen[delta]:
                     want[p, p - delta] += a[delta] / len(windows)
+            on_first += a[p - start[p]] / windows.size if p - start[p] < 4 else 0.0
     np.testing.assert_allclose(maps[0][0], want, atol=1e-5)
+    assert first[0][0] == pytest.approx(on_first, abs=1e-5)
     assert np.all(maps[1][1].sum(axis=1) <= 1 + 1e-5)                    # boundary mass left out
     assert np.abs(np.triu(maps[1][0], 1)).max() == 0.0 and np.abs(np.tril(maps[1][0], -4)).max() == 0.0
 
@@ -163,6 +178,7 @@ def test_cli_inspect_writes_json_and_a_plot(tiny_workdir, tmp_path, capsys):
     profile = json.loads((run / "attention.json").read_text())
     assert figures["layers"] == 2 and "layer_1_max_rank" in figures and figures["matrix_size"] == profile["window_tokens"]
     assert 1 <= profile["windows"] <= 3 and [layer["layer"] for layer in profile["layers"]] == [0, 1]
+    assert 0 < profile["first_key_share_if_uniform"] <= 1 and "layer_0_first_key_share" in figures
     assert (run / "attention.png").stat().st_size > 0
     assert "max rank" in capsys.readouterr().out
     assert main(["inspect", *args, "--energy", "1.5", "--quiet"]) == 2

@@ -17,6 +17,10 @@ Per head (:func:`attention_profile`):
   attends to one key (the first token of the window, say), about ``ln(S) / S`` for uniform
   causal attention.
 
+* the **first visible key's share**: the mean mass a query puts on the first key it may see
+  (the ``<eod>`` ending the previous document, or the window's first token). Attention stops at
+  document boundaries here, so a sink forms at each document's start, not in one column.
+
 Per layer: the maximum effective rank over its heads and a **lazy** flag, set when that
 maximum is at most ``lazy_rank`` (default 1: every head's averaged attention has collapsed to
 rank 1, which in causal attention means one column).
@@ -35,6 +39,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from saffu._io import SaffuError
+from saffu.data.tokenizer import EOD_ID
 
 ENERGY = 0.9
 LAZY_RANK = 1
@@ -74,24 +79,44 @@ def has_attention(config) -> bool:
     return model.kind in ("transformer", "saffu") or (model.kind == "factorised" and model.heads > 0)
 
 
+def first_visible(tokens: jax.Array) -> jax.Array:
+    """``int32[B, S]``: the first key each query may see — the last ``<eod>`` at or before it
+    (the one that ends the previous document, or the query itself), else position 0."""
+    positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+    return jnp.maximum(jax.lax.cummax(jnp.where(tokens == EOD_ID, positions, -1), axis=1), 0)
+
+
 @functools.partial(jax.jit, static_argnums=1)
 def _summed(params, config, tokens: jax.Array, weights: jax.Array):
     """Per layer, per head: the attention of ``tokens int32[B, S]`` summed over the batch with
     ``weights float32[B]``, ``[S, S]`` (transformer) or ``[S, M_h]`` with the invisible offsets
-    zeroed (offset models)."""
+    zeroed (offset models); and the summed mass on each query's first visible key."""
     if config.kind == "residual":
         params, config = params["model"], config.base
+    first = first_visible(tokens)                                               # [B, S]
     if config.kind == "transformer":
         from saffu.models.transformer import transformer_attention
-        return [list(jnp.einsum("b,bhqk->hqk", weights, a)) for a in transformer_attention(params, config, tokens)]
+        maps, starts = [], []
+        for a in transformer_attention(params, config, tokens):                 # [B, H, S, S]
+            on_first = jnp.take_along_axis(a, first[:, None, :, None], axis=-1)[..., 0]
+            maps.append(list(jnp.einsum("b,bhqk->hqk", weights, a)))
+            starts.append(list(jnp.einsum("b,bhq->h", weights, on_first)))
+        return maps, starts
     if config.kind == "saffu":
         from saffu.models.saffu import saffu_attention
         layers = saffu_attention(params, config, tokens)
     else:
         from saffu.models.factorised import factorised_attention
         layers = factorised_attention(params, config, tokens)
-    return [[jnp.einsum("b,bsm->sm", weights, a * visible[..., :a.shape[-1]]) for a in heads]
-            for heads, visible in layers]
+    back = jnp.arange(tokens.shape[1])[None, :] - first                         # offset of the first key
+    maps, starts = [], []
+    for heads, visible in layers:
+        seen = [a * visible[..., :a.shape[-1]] for a in heads]
+        maps.append([jnp.einsum("b,bsm->sm", weights, a) for a in seen])
+        starts.append([jnp.einsum("b,bs->", weights, jnp.where(
+            back < a.shape[-1], jnp.take_along_axis(a, jnp.minimum(back, a.shape[-1] - 1)[..., None], axis=-1)[..., 0],
+            0.0)) for a in seen])
+    return maps, starts
 
 
 def _absolute(relative: np.ndarray, size: int) -> np.ndarray:
@@ -103,11 +128,13 @@ def _absolute(relative: np.ndarray, size: int) -> np.ndarray:
     return matrix
 
 
-def mean_attention(params, config, windows: np.ndarray, batch_size: int = 16,
-                   progress: str | None = None) -> list[list[np.ndarray]]:
-    """Per layer, per head: the post-softmax attention ``float64[S, S]`` (query × key, absolute
-    positions) averaged over ``windows int32[N, S]`` (see the module docstring), ``batch_size``
-    windows per compiled call. ``config`` is a transformer, SAFFU, factorised or residual config."""
+def attention_summary(params, config, windows: np.ndarray, batch_size: int = 16,
+                      progress: str | None = None) -> tuple[list[list[np.ndarray]], list[list[float]]]:
+    """``(maps, first_shares)``: per layer, per head, the post-softmax attention ``float64[S, S]``
+    (query × key, absolute positions) averaged over ``windows int32[N, S]`` (see the module
+    docstring), and the mean mass a query puts on its first visible key (:func:`first_visible`:
+    where a sink forms when attention stops at document boundaries), ``batch_size`` windows per
+    compiled call. ``config`` is a transformer, SAFFU, factorised or residual config."""
     if not has_attention(config):
         raise SaffuError(f"a {config.kind} model has no attention to inspect")
     windows = np.asarray(windows)
@@ -123,18 +150,30 @@ def mean_attention(params, config, windows: np.ndarray, batch_size: int = 16,
         summed = _summed(params, config, jnp.asarray(batch, jnp.int32), jnp.asarray(weights))
         summed = jax.tree.map(lambda x: np.asarray(x, np.float64), summed)
         totals = summed if totals is None else jax.tree.map(np.add, totals, summed)
+    maps, starts = totals
     absolute = _model(config).kind == "transformer"
-    return [[head / N if absolute else _absolute(head / N, S) for head in layer] for layer in totals]
+    maps = [[head / N if absolute else _absolute(head / N, S) for head in layer] for layer in maps]
+    return maps, [[float(mass) / (N * S) for mass in layer] for layer in starts]
 
 
-def attention_profile(maps: list[list[np.ndarray]], energy: float = ENERGY, lazy_rank: int = LAZY_RANK) -> dict:
-    """Effective ranks, largest-column shares and lazy flags of :func:`mean_attention`'s maps::
+def mean_attention(params, config, windows: np.ndarray, batch_size: int = 16,
+                   progress: str | None = None) -> list[list[np.ndarray]]:
+    """The maps of :func:`attention_summary`: per layer, per head, ``float64[S, S]``."""
+    return attention_summary(params, config, windows, batch_size, progress)[0]
+
+
+def attention_profile(maps: list[list[np.ndarray]], energy: float = ENERGY, lazy_rank: int = LAZY_RANK,
+                      first_shares: list[list[float]] | None = None) -> dict:
+    """Effective ranks, largest-column shares and lazy flags of :func:`attention_summary`'s maps
+    (and, given, its first-key shares)::
 
         {"energy", "lazy_rank", "size": S, "lazy_layers": [l, ...],
-         "layers": [{"layer", "max_rank", "mean_top_column_share", "lazy",
-                     "heads": [{"head", "rank", "top_column_share", "top_column", "mass"}]}]}
+         "layers": [{"layer", "max_rank", "mean_top_column_share", "mean_first_key_share", "lazy",
+                     "heads": [{"head", "rank", "top_column_share", "top_column", "first_key_share",
+                                "mass"}]}]}
 
-    ``mass`` is the mean row sum (1, or less where an offset model attended to the boundary)."""
+    ``mass`` is the mean row sum (1, or less where an offset model attended to the boundary);
+    the first-key shares are ``nan`` when not given."""
     if lazy_rank < 0:
         raise SaffuError(f"--lazy-rank must be ≥ 0, got {lazy_rank}")
     layers = []
@@ -142,11 +181,14 @@ def attention_profile(maps: list[list[np.ndarray]], energy: float = ENERGY, lazy
         rows = []
         for h, matrix in enumerate(heads):
             share, column = top_column(matrix)
+            first = first_shares[index][h] if first_shares is not None else math.nan
             rows.append({"head": h, "rank": effective_rank(matrix, energy), "top_column_share": share,
-                         "top_column": column, "mass": float(np.asarray(matrix).sum(axis=1).mean())})
+                         "top_column": column, "first_key_share": first,
+                         "mass": float(np.asarray(matrix).sum(axis=1).mean())})
         max_rank = max(row["rank"] for row in rows)
         layers.append({"layer": index, "max_rank": max_rank, "lazy": max_rank <= lazy_rank,
                        "mean_top_column_share": float(np.mean([row["top_column_share"] for row in rows])),
+                       "mean_first_key_share": float(np.mean([row["first_key_share"] for row in rows])),
                        "heads": rows})
     size = int(maps[0][0].shape[0]) if maps and maps[0] else 0
     return {"energy": energy, "lazy_rank": lazy_rank, "size": size,
@@ -158,7 +200,8 @@ def inspect_attention(params, config, stream: np.ndarray, windows: int = 64, seq
                       progress: bool = False) -> dict:
     """:func:`attention_profile` of ``windows`` evenly spaced windows of ``stream`` (a split's
     tokens), each ``config.context + seq_len`` tokens long (``seq_len`` defaults to the model's
-    ``eval_seq_len``); the profile also holds ``windows`` and ``window_tokens``."""
+    ``eval_seq_len``); the profile also holds ``windows``, ``window_tokens`` and
+    ``first_key_share_if_uniform``, the first-key share of attention uniform over the visible keys."""
     from saffu.training.trainer import evenly_spaced_windows
     if windows < 1:
         raise SaffuError(f"--windows must be ≥ 1, got {windows}")
@@ -166,18 +209,23 @@ def inspect_attention(params, config, stream: np.ndarray, windows: int = 64, seq
     if seq_len < 1:
         raise SaffuError(f"--seq-len must be ≥ 1, got {seq_len}")
     batch, _ = evenly_spaced_windows(np.asarray(stream), config, seq_len, windows)
-    maps = mean_attention(params, config, np.asarray(batch), batch_size, progress="attention" if progress else None)
-    profile = attention_profile(maps, energy, lazy_rank)
-    return {**profile, "windows": int(batch.shape[0]), "window_tokens": int(batch.shape[1])}
+    maps, first_shares = attention_summary(params, config, np.asarray(batch), batch_size,
+                                           progress="attention" if progress else None)
+    profile = attention_profile(maps, energy, lazy_rank, first_shares)
+    visible = np.arange(batch.shape[1])[None, :] - np.asarray(first_visible(batch)) + 1     # keys a query sees
+    return {**profile, "windows": int(batch.shape[0]), "window_tokens": int(batch.shape[1]),
+            "first_key_share_if_uniform": float(np.mean(1.0 / visible))}
 
 
 def profile_table(profile: dict) -> str:
     """A plain-text table of a profile, one line per layer."""
-    lines = [f"{'layer':>5}  {'max rank':>8}  {'ranks per head':<24} {'top column share':>16}  lazy"]
+    lines = [f"{'layer':>5}  {'max rank':>8}  {'ranks per head':<24} {'top column share':>16}  "
+             f"{'first key share':>15}  lazy"]
     for layer in profile["layers"]:
         ranks = " ".join(str(head["rank"]) for head in layer["heads"])
         lines.append(f"{layer['layer']:>5}  {layer['max_rank']:>8}  {ranks:<24} "
-                     f"{layer['mean_top_column_share']:>16.3f}  {'yes' if layer['lazy'] else 'no'}")
+                     f"{layer['mean_top_column_share']:>16.3f}  {layer['mean_first_key_share']:>15.3f}  "
+                     f"{'yes' if layer['lazy'] else 'no'}")
     return "\n".join(lines)
 
 
@@ -199,12 +247,17 @@ def plot_profiles(profiles: dict[str, dict], path: str | Path, title: str = "") 
         axes[0].plot(layers, [layer["max_rank"] for layer in profile["layers"]], color=colour, marker="o",
                      label=f"{label} (max over heads)")
         axes[1].plot(layers, [layer["mean_top_column_share"] for layer in profile["layers"]], color=colour,
-                     marker="o", label=f"{label} (mean over heads)")
+                     marker="o", label=f"{label}: largest column")
+        axes[1].plot(layers, [layer["mean_first_key_share"] for layer in profile["layers"]], color=colour,
+                     marker="s", linestyle="--", label=f"{label}: first visible key")
     first = next(iter(profiles.values()))
     axes[0].axhline(first["lazy_rank"], color="black", linestyle=":", linewidth=1, label="lazy at or below")
+    if "first_key_share_if_uniform" in first:
+        axes[1].axhline(first["first_key_share_if_uniform"], color="black", linestyle=":", linewidth=1,
+                        label="first visible key, uniform attention")
     axes[0].set_yscale("log")
     axes[0].set_ylabel(f"effective rank at {first['energy']:.0%} energy (of {first['size']})")
-    axes[1].set_ylabel("largest column's share of the attention mass")
+    axes[1].set_ylabel("share of the attention mass (mean over heads)")
     axes[1].set_ylim(0, 1.02)
     for axis in axes:
         axis.set_xlabel("layer")
@@ -225,6 +278,5 @@ def flat_metrics(profile: dict) -> dict:
     for layer in profile["layers"]:
         flat[f"layer_{layer['layer']}_max_rank"] = layer["max_rank"]
         flat[f"layer_{layer['layer']}_top_column_share"] = round(layer["mean_top_column_share"], 6)
-    if not math.isfinite(sum(v for v in flat.values() if isinstance(v, float))):
-        raise SaffuError("the attention profile holds non-finite values")
+        flat[f"layer_{layer['layer']}_first_key_share"] = round(layer["mean_first_key_share"], 6)
     return flat
