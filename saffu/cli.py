@@ -370,6 +370,8 @@ def cmd_train(args) -> dict:
         if args.init != "random":
             raise SaffuError("--residual trains a randomly initialised model over the exact one: use --init random")
         config, params = _residual_model(args, workdir, run, existing)
+    elif args.init == "inherit":
+        config, params = _inherited_transformer(args, workdir, run, existing)
     elif args.init == "explicit" and (args.model == "transformer" or
                                       (existing and load_run_config(run).kind == "transformer")):
         config, params, solve_seconds = _explicit_transformer(args, workdir, run, existing)
@@ -451,6 +453,41 @@ def _residual_model(args, workdir, run: Path, existing: bool):
     params = with_explicit(config.init(jax.random.fold_in(jax.random.key(args.seed), 0)),
                            load_explicit(config.explicit_run, config.explicit))
     if not existing:
+        run.mkdir(parents=True, exist_ok=True)
+        save_run_config(run, config, workdir)
+    return config, params
+
+
+def _inherited_transformer(args, workdir, run: Path, existing: bool):
+    """``(TransformerConfig, params)`` of ``--init inherit``: the first ``--inherit-layers`` blocks
+    of ``--reference`` (with its embeddings, positions, final norm and output layer), or
+    ``--start-from``'s weights grown by the reference's next blocks."""
+    from saffu.models.transformer import grow_layer, inherit_layers
+    from saffu.training.checkpoints import load_params, load_run_config, save_run_config
+    if args.reference is None:
+        raise SaffuError("--init inherit needs --reference RUN, a trained transformer run")
+    reference = _check_vocabulary(load_run_config(args.reference), workdir, args.reference)
+    if reference.kind != "transformer":
+        raise SaffuError(f"--reference {args.reference} holds a {reference.kind}; Inheritune takes a transformer")
+    reference_params, _ = load_params(args.reference, reference)
+    if args.start_from is None:
+        layers = args.inherit_layers or max(1, reference.layers // 2)
+        config, params = inherit_layers(reference_params, reference, layers)
+    else:
+        start = _check_vocabulary(load_run_config(args.start_from), workdir, args.start_from)
+        if start.kind != "transformer":
+            raise SaffuError(f"--start-from {args.start_from} holds a {start.kind}; it must be a transformer run")
+        config, params = start, load_params(args.start_from, start)[0]
+        layers = args.inherit_layers or start.layers + 1
+        if layers <= start.layers:
+            raise SaffuError(f"--inherit-layers {layers} must exceed --start-from's {start.layers} blocks")
+        while config.layers < layers:
+            config, params = grow_layer(params, config, reference_params, reference)
+    if existing:
+        saved = load_run_config(run)
+        if saved != config:
+            raise SaffuError(f"{run} holds a different model than this inheritance gives; use a new --run")
+    else:
         run.mkdir(parents=True, exist_ok=True)
         save_run_config(run, config, workdir)
     return config, params
@@ -776,9 +813,10 @@ def build_parser() -> argparse.ArgumentParser:
                 "checkpoint. Ends with an evaluation of about --eval-tokens tokens per split.", cmd_train)
     p.add_argument("--workdir", type=Path, required=True, help="work directory of `saffu prepare`")
     p.add_argument("--run", type=Path, required=True, help="run directory (of `saffu fit` for --init explicit)")
-    p.add_argument("--init", choices=["explicit", "random"], required=True,
+    p.add_argument("--init", choices=["explicit", "random", "inherit"], required=True,
                    help="explicit: warm start from --run's explicit solution (a transformer: from explicit "
-                        "low-rank factors solved here, see --explicit-pieces); random: cold start")
+                        "low-rank factors solved here, see --explicit-pieces); random: cold start; inherit: "
+                        "a transformer from the first blocks of --reference (Inheritune)")
     p.add_argument("--model", choices=["saffu", "transformer", "factorised"], default="saffu",
                    help="architecture of a new run (an existing run keeps its own)")
     p.add_argument("--explicit-pieces", nargs="+", default=list(configs.EXPLICIT_PIECES), choices=configs.EXPLICIT_PIECES,
@@ -791,6 +829,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "λ · log P_exact + f(context), f's output layer at zero, so step 0 is the exact model")
     p.add_argument("--residual-scale", choices=configs.RESIDUAL_SCALES, default=configs.ResidualConfig.scale,
                    help="λ fixed at 1 or learned (with --residual)")
+    p.add_argument("--reference", type=Path, metavar="RUN",
+                   help="--init inherit: a trained transformer run whose token embeddings, positions, first "
+                        "--inherit-layers blocks, final norm and output layer start the new run")
+    p.add_argument("--inherit-layers", type=int,
+                   help="--init inherit: blocks to take (default: half the reference's, at least 1)")
+    p.add_argument("--start-from", type=Path, metavar="RUN",
+                   help="--init inherit: grow this trained run (fewer blocks, same width) instead: all of its "
+                        "weights, then the reference's blocks up to --inherit-layers (default: one more)")
     p.add_argument("--rank", type=int, default=configs.FactorisedConfig.rank,
                    help="embedding / output-factor width r of a factorised model")
     _add_architecture_flags(p)

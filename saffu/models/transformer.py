@@ -16,6 +16,7 @@ earlier document, or ``<pad>`` before a document, is invisible.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import Any
@@ -165,3 +166,33 @@ def explicit_transformer_init(config: TransformerConfig, key: jax.Array, factors
         random = params["output"]["kernel"]
         params["output"]["kernel"] = (B * (rms(random) / rms(B))).astype(random.dtype)
     return params
+
+
+def inherit_layers(params: Params, config: TransformerConfig, layers: int) -> tuple[TransformerConfig, Params]:
+    """Inheritune's start: a model of the first ``layers`` blocks of a (trained) transformer,
+    with its token embeddings, positions, final norm and output layer — every array copied
+    unchanged. Returns the smaller config (``layers`` blocks, otherwise ``config``) and its params."""
+    if not 1 <= layers <= config.layers:
+        raise SaffuError(f"can inherit 1 to {config.layers} blocks of a {config.layers}-block transformer, "
+                         f"not {layers}")
+    small = dataclasses.replace(config, layers=layers)
+    copy = lambda tree: jax.tree.map(jnp.array, tree)
+    inherited = {name: copy(value) for name, value in params.items() if name != "blocks"}
+    inherited["blocks"] = {index: copy(params["blocks"][index]) for index in range(layers)}
+    return small, inherited
+
+
+def grow_layer(params: Params, config: TransformerConfig, reference: Params,
+               reference_config: TransformerConfig) -> tuple[TransformerConfig, Params]:
+    """Inheritune's growth: ``params`` (``config.layers = k`` blocks, trained) with block ``k`` of
+    ``reference`` (a transformer of the same width with more than ``k`` blocks) appended; the
+    first ``k`` blocks and everything else stay as they are. Returns the config of ``k + 1``
+    blocks and its params."""
+    k = config.layers
+    if dataclasses.replace(reference_config, layers=k) != config:
+        raise SaffuError("the model to grow and the reference differ in more than their layer count")
+    if k >= reference_config.layers:
+        raise SaffuError(f"the reference has {reference_config.layers} blocks; a {k}-block model cannot "
+                         f"inherit block {k} from it")
+    grown = {**params, "blocks": {**params["blocks"], k: jax.tree.map(jnp.array, reference["blocks"][k])}}
+    return dataclasses.replace(config, layers=k + 1), grown
