@@ -1,0 +1,213 @@
+"""Inheritune on the transformer: a smaller model that inherits the first blocks of a trained
+reference, against the same small model trained from scratch and from explicit init, at equal
+training tokens; then grown one block at a time until it matches the reference.
+
+The reference is any trained transformer run (``saffu train --model transformer``, or a run of
+``experiments/warm_transformer.py``: its ``runs/<name>/train`` folder). Variants, each the
+reference's architecture with ``--layers`` blocks (default: half the reference's), one epoch
+each, the same learning rate, batches and seed:
+
+* ``inherit``: token embeddings, positions, the first blocks, final norm and output layer of the
+  reference (:func:`saffu.models.transformer.inherit_layers`);
+* ``scratch``: random init;
+* ``explicit``: explicit init (output bias = log unigram, embeddings and output kernel from the
+  explicit factors, :func:`saffu.models.transformer.explicit_transformer_init`).
+
+With ``--grow``, the inherited model is then grown by the reference's next block
+(:func:`saffu.models.transformer.grow_layer`) and trained one more epoch, until its full-dev loss
+is at or below the reference's or it has the reference's depth. Every stage is scored on the
+whole dev split and its attention profiled (:mod:`saffu.eval.attention`). Finished stages are
+skipped on a rerun, so several processes can share ``--out`` (say one variant per core).
+
+    python experiments/inheritune.py --workdir runs/babylm --reference runs/warm_transformer/runs/cold_s0_f1/train \\
+        --out runs/inheritune --variants inherit scratch --grow
+    python experiments/inheritune.py --workdir runs/babylm --reference R --out runs/inheritune --report
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+VARIANTS = ("inherit", "scratch", "explicit")
+
+
+def _stage(args, source, reference, reference_params, variant: str, layers: int, start) -> dict:
+    """Train one stage (one epoch) and score it; ``start`` is ``(config, params)`` or None."""
+    import jax
+
+    from saffu.configs import FactorConfig, FactorisedConfig, TrainConfig
+    from saffu.eval.attention import inspect_attention
+    from saffu.eval.scoring import evaluate_split
+    from saffu.models.interface import parameter_count
+    from saffu.models.transformer import explicit_transformer_init, inherit_layers
+    from saffu.solve.factors import solve_factorised
+    from saffu.training.checkpoints import save_run_config
+    from saffu.training.trainer import train
+
+    key = jax.random.fold_in(jax.random.key(args.seed), 0)
+    solve_seconds = 0.0
+    if start is not None:
+        config, params = start
+    elif variant == "inherit":
+        config, params = inherit_layers(reference_params, reference, layers)
+    else:
+        import dataclasses
+        config = dataclasses.replace(reference, layers=layers)
+        params = config.init(key)
+        if variant == "explicit":
+            tick = time.perf_counter()
+            factors, _ = solve_factorised(source, FactorisedConfig(source.vocab_size, rank=config.width, positions=1),
+                                          FactorConfig(), progress=False)
+            params = explicit_transformer_init(config, key, factors)
+            solve_seconds = time.perf_counter() - tick
+    run = args.out / "runs" / f"{variant}_L{config.layers}"
+    run.mkdir(parents=True, exist_ok=True)
+    save_run_config(run, config, source)                      # a CLI run: saffu eval / inspect / blimp take it
+    train_config = TrainConfig(learning_rate=args.learning_rate, seed=args.seed, eval_every=args.eval_every,
+                               checkpoint_every=10**9)
+    trained, history = train(config, params, source.tokens(source.train_split), train_config, run,
+                             dev_stream=source.tokens("dev"), progress=False)
+    scores = evaluate_split(trained, config, source, "dev", None, progress=False)
+    profile = inspect_attention(trained, config, source.tokens("dev"), windows=args.inspect_windows)
+    result = {"variant": variant, "layers": config.layers, "params": parameter_count(trained),
+              "train_tokens": history[-1]["tokens"], "train_seconds": history[-1]["seconds"],
+              "flops": history[-1]["flops"], "solve_seconds": solve_seconds, "history": history,
+              "attention": {"max_rank": [layer["max_rank"] for layer in profile["layers"]],
+                            "first_key_share": [layer["mean_first_key_share"] for layer in profile["layers"]],
+                            "lazy_layers": profile["lazy_layers"]}, **scores}
+    (run / "result.json").write_text(json.dumps(result))
+    print(f"{variant} with {config.layers} blocks: dev {scores['dev_bpb']:.4f} bits/byte "
+          f"({history[-1]['seconds']:.0f} s training)", flush=True)
+    return result
+
+
+def _finished(args, variant: str, layers: int) -> dict | None:
+    path = args.out / "runs" / f"{variant}_L{layers}" / "result.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _load(run: Path, config):
+    from saffu.training.checkpoints import load_latest_params
+    import jax
+    loaded = load_latest_params(run, jax.eval_shape(lambda: config.init(jax.random.key(0))))
+    if loaded is None:
+        raise SystemExit(f"{run} has no training checkpoint")
+    return loaded[0]
+
+
+def reference_of(args, source):
+    """The reference's config, params and full-dev scores (computed once, kept in ``--out``)."""
+    from saffu.configs import TransformerConfig
+    from saffu.eval.scoring import evaluate_split
+    from saffu.training.checkpoints import load_run_config
+    if (args.reference / "config.json").exists():
+        config = load_run_config(args.reference)
+    else:                                                    # a warm_transformer.py run: its default model
+        config = TransformerConfig(source.vocab_size, width=args.width, layers=args.reference_layers)
+    if config.kind != "transformer":
+        raise SystemExit(f"{args.reference} holds a {config.kind}; the reference must be a transformer")
+    params = _load(args.reference, config)
+    record = args.out / "reference.json"
+    if not record.exists():
+        scores = evaluate_split(params, config, source, "dev", None, progress=False)
+        record.write_text(json.dumps({"run": str(args.reference), "layers": config.layers, **scores}))
+    return config, params, json.loads(record.read_text())
+
+
+def run_variant(args, source, variant: str) -> None:
+    from saffu.models.transformer import grow_layer
+    reference, reference_params, reference_scores = reference_of(args, source)
+    layers = args.layers or max(1, reference.layers // 2)
+    result = _finished(args, variant, layers) or _stage(args, source, reference, reference_params, variant, layers,
+                                                         None)
+    while (args.grow and variant == "inherit" and result["dev_loss"] > reference_scores["dev_loss"]
+           and result["layers"] < reference.layers):
+        done = _finished(args, variant, result["layers"] + 1)
+        if done is None:
+            run = args.out / "runs" / f"{variant}_L{result['layers']}"
+            import dataclasses
+            small = dataclasses.replace(reference, layers=result["layers"])
+            done = _stage(args, source, reference, reference_params, variant, result["layers"] + 1,
+                          grow_layer(_load(run, small), small, reference_params, reference))
+        result = done
+
+
+def report(args) -> None:
+    """``report.md``, ``report.json`` and ``curves.png`` of every finished stage."""
+    reference = json.loads((args.out / "reference.json").read_text())
+    results = [json.loads(p.read_text()) for p in sorted((args.out / "runs").glob("*/result.json"))]
+    lines = ["| model | blocks | params | training tokens (cumulative) | dev loss | dev bits/byte | "
+             "max attention rank per layer | lazy layers |", "|---|---|---|---|---|---|---|---|"]
+    lines.append(f"| reference ({reference['run']}) | {reference['layers']} | | | {reference['dev_loss']:.4f} | "
+                 f"{reference['dev_bpb']:.4f} | | |")
+    for r in sorted(results, key=lambda r: (r["variant"], r["layers"])):
+        earlier = sum(x["train_tokens"] for x in results if x["variant"] == r["variant"] and x["layers"] < r["layers"])
+        lines.append(f"| {r['variant']} | {r['layers']} | {r['params']:,} | {earlier + r['train_tokens']:,} | "
+                     f"{r['dev_loss']:.4f} | {r['dev_bpb']:.4f} | {' '.join(map(str, r['attention']['max_rank']))} | "
+                     f"{r['attention']['lazy_layers'] or 'none'} |")
+    table = "\n".join(lines)
+    (args.out / "report.md").write_text(table + "\n")
+    (args.out / "report.json").write_text(json.dumps({"reference": reference, "stages": [
+        {k: v for k, v in r.items() if k != "history"} for r in results]}, indent=1))
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    figure, axis = plt.subplots(figsize=(8, 4.5))
+    colours = dict(zip(VARIANTS, ("tab:red", "tab:gray", "tab:blue")))
+    for variant in VARIANTS:
+        offset = 0
+        for r in sorted((r for r in results if r["variant"] == variant), key=lambda r: r["layers"]):
+            steps = np.array([h["step"] for h in r["history"]]) + offset
+            axis.plot(steps, [h["dev_loss"] for h in r["history"]], color=colours[variant],
+                      label=f"{variant}, {r['layers']} blocks", alpha=0.5 + 0.5 * (r["layers"] % 2))
+            offset = steps[-1]
+    axis.axhline(reference["dev_loss"], color="black", linestyle=":", label=f"reference ({reference['layers']} blocks), "
+                                                                           "full dev")
+    axis.set_xlabel("optimizer steps (cumulative over growth stages)")
+    axis.set_ylabel("dev loss (evenly spaced windows)")
+    low = min([reference["dev_loss"]] + [h["dev_loss"] for r in results for h in r["history"]])
+    axis.set_ylim(low - 0.05, low + 1.5)             # the first steps of a cold start are far above
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(args.out / "curves.png", dpi=110)
+    plt.close(figure)
+    print(table)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--workdir", type=Path, required=True, help="a prepared work directory")
+    parser.add_argument("--reference", type=Path, required=True,
+                        help="a trained transformer run (a folder with checkpoints/, and config.json for CLI runs)")
+    parser.add_argument("--reference-layers", type=int, default=5,
+                        help="blocks of a reference without config.json (warm_transformer.py's default model)")
+    parser.add_argument("--width", type=int, default=128, help="width of a reference without config.json")
+    parser.add_argument("--out", type=Path, default=Path("runs/inheritune"))
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    parser.add_argument("--layers", type=int, help="blocks of the small model (default: half the reference's)")
+    parser.add_argument("--grow", action="store_true", help="grow the inherited model until it matches the reference")
+    parser.add_argument("--learning-rate", type=float, default=0.01)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--eval-every", type=int, default=50)
+    parser.add_argument("--inspect-windows", type=int, default=64, help="dev windows of the attention profile")
+    parser.add_argument("--report", action="store_true", help="only gather the finished stages")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    from saffu.data.workdir import open_workdir
+    source = open_workdir(args.workdir)
+    if not args.report:
+        reference_of(args, source)
+        for variant in args.variants:
+            run_variant(args, source, variant)
+    report(args)
+
+
+if __name__ == "__main__":
+    main()
