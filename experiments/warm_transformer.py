@@ -179,9 +179,13 @@ def report(out: Path) -> dict:
             if "scale" in group[0]:
                 row["scale_mean"] = float(np.mean([r["scale"] for r in group]))
             if cold:
-                steps = [_first_at(r["history"], target, 0.0, "step") for r in group]
-                seconds = [_first_at(r["history"], target, r["solve_seconds"], "seconds") for r in group]
-                flops = [_first_at(r["history"], target, 0.0, "flops") for r in group]
+                # the target is the cold seeds' mean final loss; the cold start's own share is 100%
+                # by definition (a seed that ends above the mean would otherwise read "not reached")
+                at = (lambda r, key, offset: r["history"][-1][key]) if variant == "cold" else \
+                    (lambda r, key, offset: _first_at(r["history"], target, offset, key))
+                steps = [at(r, "step", 0.0) for r in group]
+                seconds = [at(r, "seconds", r["solve_seconds"]) for r in group]
+                flops = [at(r, "flops", 0.0) for r in group]
                 row.update(target_dev_loss=target, steps_to_target=float(np.mean(steps)),
                            steps_share=float(np.mean(steps)) / cold_steps,
                            seconds_to_target=float(np.mean(seconds)), seconds_share=float(np.mean(seconds)) / cold_seconds,
