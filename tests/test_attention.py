@@ -166,6 +166,7 @@ def exact_model_small(tiny_workdir):
     return config, params
 
 
+@pytest.mark.slow   # a training run and an inspection through the CLI: about 15 s
 def test_cli_inspect_writes_json_and_a_plot(tiny_workdir, tmp_path, capsys):
     from saffu.cli import main
     run, metrics = tmp_path / "tf", tmp_path / "m.json"

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from saffu.data.tokenizer import EOD_ID
 from saffu.engine.distributed import document_shard
@@ -58,6 +59,7 @@ def test_two_processes_give_bit_identical_statistics(tiny_workdir, tmp_path):
     assert multi_metrics["beta"] == single_metrics["beta"]
 
 
+@pytest.mark.slow   # two jax.distributed processes and a full exact solve: about 15 s
 def test_two_processes_give_a_bit_identical_exact_model(tiny_workdir, tmp_path):
     import jax
 

@@ -26,6 +26,7 @@ def train_command(workdir, run, steps):
             "--seed", "3", "--quiet"]
 
 
+@pytest.mark.slow   # three training subprocesses, one killed: about 30 s
 def test_sigkill_mid_training_then_restart_ends_bit_identical(tiny_workdir, tmp_path):
     steps = 600
     straight = tmp_path / "straight"
