@@ -27,6 +27,7 @@ skipped on a rerun, so several processes can share ``--out`` (say one variant pe
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -56,7 +57,6 @@ def _stage(args, source, reference, reference_params, variant: str, layers: int,
     elif variant == "inherit":
         config, params = inherit_layers(reference_params, reference, layers)
     else:
-        import dataclasses
         config = dataclasses.replace(reference, layers=layers)
         params = config.init(key)
         if variant == "explicit":
@@ -92,8 +92,9 @@ def _finished(args, variant: str, layers: int) -> dict | None:
 
 
 def _load(run: Path, config):
-    from saffu.training.checkpoints import load_latest_params
     import jax
+
+    from saffu.training.checkpoints import load_latest_params
     loaded = load_latest_params(run, jax.eval_shape(lambda: config.init(jax.random.key(0))))
     if loaded is None:
         raise SystemExit(f"{run} has no training checkpoint")
@@ -130,7 +131,6 @@ def run_variant(args, source, variant: str) -> None:
         done = _finished(args, variant, result["layers"] + 1)
         if done is None:
             run = args.out / "runs" / f"{variant}_L{result['layers']}"
-            import dataclasses
             small = dataclasses.replace(reference, layers=result["layers"])
             done = _stage(args, source, reference, reference_params, variant, result["layers"] + 1,
                           grow_layer(_load(run, small), small, reference_params, reference))

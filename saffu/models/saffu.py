@@ -187,11 +187,15 @@ def saffu_attention(params: Params, config: SaffuConfig, tokens: jax.Array) -> l
     """Per block, its heads' attention ``[float32[B, S, M_h]]`` (:func:`head_attention`: query
     position × offset) and the visibility ``bool[B, S, M]`` of each offset (an invisible row is
     the boundary code, not a position) for ``tokens int32[B, S]``."""
+    codes = cipher_table(config)
+    sequence, visible = codes[tokens], same_document(tokens, config.radius)
     maps = []
-    for index in range(config.blocks):
-        sequence, visible = block_inputs(params, config, tokens, index)
-        X = block_windows(sequence, visible, cipher_table(config)[PAD_ID])
-        maps.append((head_attention(params["blocks"][index], config, X), visible))
+    for index in range(config.blocks):             # one pass up the stack, as block_inputs goes
+        block = params["blocks"][index]
+        X = block_windows(sequence, visible, codes[PAD_ID])
+        maps.append((head_attention(block, config, X), visible))
+        if index + 1 < config.blocks:
+            sequence = jax.nn.softmax(block_logits(block, config, X), axis=-1) @ codes
     return maps
 
 
