@@ -15,8 +15,7 @@ Per head (:func:`attention_profile`):
   (:func:`effective_rank`);
 * the **largest column's share** of the mass, ``max_k Σ_q A[q, k] / Σ A``: 1 when every query
   attends to one key (the first token of the window, say), about ``ln(S) / S`` for uniform
-  causal attention.
-
+  causal attention;
 * the **first visible key's share**: the mean mass a query puts on the first key it may see
   (the ``<eod>`` ending the previous document, or the window's first token). Attention stops at
   document boundaries here, so a sink forms at each document's start, not in one column.
@@ -35,7 +34,6 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-
 from tqdm.auto import tqdm
 
 from saffu._io import SaffuError
@@ -205,6 +203,8 @@ def inspect_attention(params, config, stream: np.ndarray, windows: int = 64, seq
     from saffu.training.trainer import evenly_spaced_windows
     if windows < 1:
         raise SaffuError(f"--windows must be ≥ 1, got {windows}")
+    if not 0 < energy <= 1 or lazy_rank < 0:          # checked before the forward passes, not after
+        raise SaffuError(f"need an energy threshold in (0, 1] and --lazy-rank ≥ 0, got {energy} and {lazy_rank}")
     seq_len = seq_len or config.eval_seq_len
     if seq_len < 1:
         raise SaffuError(f"--seq-len must be ≥ 1, got {seq_len}")
