@@ -6,8 +6,8 @@ rate and data order per seed:
 * ``cold``: random init;
 * ``explicit-init``: output bias = log unigram, token embeddings and output kernel from the
   explicit low-rank factors at rank = width, rescaled to the random init's scale
-  (:func:`saffu.models.transformer.explicit_transformer_init`); ``explicit-bias`` takes the
-  bias only (the ablation of the other pieces);
+  (:func:`saffu.models.transformer.explicit_transformer_init`); the ablation of its pieces:
+  ``explicit-bias`` takes the bias only, ``explicit-embed`` the bias and the embeddings;
 * ``residual``: ``logits = log P_exact + f_θ`` over the exact token-resolution model
   (``saffu exact``, Kneser-Ney chain, frozen), ``f_θ``'s output layer at zero, so step 0 is the
   exact model; ``residual-learned`` also learns ``λ``.
@@ -37,7 +37,9 @@ from pathlib import Path
 
 import numpy as np
 
-VARIANTS = ("cold", "explicit-init", "explicit-bias", "residual", "residual-learned")
+VARIANTS = ("cold", "explicit-init", "explicit-bias", "explicit-embed", "residual", "residual-learned")
+PIECES = {"explicit-init": ("bias", "embeddings", "output"), "explicit-bias": ("bias",),
+          "explicit-embed": ("bias", "embeddings")}
 
 
 def _workdir(source, out: Path, fraction: float):
@@ -95,12 +97,11 @@ def run_one(variant: str, seed: int, fraction: float, args, source) -> dict:
     solve_seconds, extra = 0.0, {}
     if variant == "cold":
         config, params = base, base.init(key)
-    elif variant in ("explicit-init", "explicit-bias"):
+    elif variant in PIECES:
         tick = time.perf_counter()
         factors, report = solve_factorised(workdir, FactorisedConfig(workdir.vocab_size, rank=base.width, positions=1),
                                            FactorConfig(), progress=False)
-        pieces = ("bias",) if variant == "explicit-bias" else ("bias", "embeddings", "output")
-        config, params = base, explicit_transformer_init(base, key, factors, pieces)
+        config, params = base, explicit_transformer_init(base, key, factors, PIECES[variant])
         solve_seconds = time.perf_counter() - tick
         extra["factor_holdout_loss"] = report.get("holdout_loss")
     else:
@@ -192,8 +193,9 @@ def report(out: Path) -> dict:
                            flops_to_target=float(np.mean(flops)), flops_share=float(np.mean(flops)) / cold_flops)
             rows.append(row)
             share = (lambda key: f"{row[key]:.0%}" if key in row and math.isfinite(row[key]) else "not reached")
+            sd = f" ± {row['dev_bpb_sd']:.4f}" if len(group) > 1 else " (one seed)"
             lines.append(f"| {fraction:.0%} | {variant} | {len(group)} | {row['trained_params']:,} | "
-                         f"{row['dev_bpb_mean']:.4f} ± {row['dev_bpb_sd']:.4f} | {row['dev_loss_mean']:.4f} | "
+                         f"{row['dev_bpb_mean']:.4f}{sd} | {row['dev_loss_mean']:.4f} | "
                          f"{share('steps_share')} | {share('seconds_share')} | {share('flops_share')} |")
     table = "\n".join(lines)
     (out / "report.md").write_text(table + "\n")
@@ -209,7 +211,7 @@ def _plot(results: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
     full = [r for r in results if r["fraction"] == max(x["fraction"] for x in results)]
     figure, axes = plt.subplots(1, 3, figsize=(15, 4.2), sharey=True)
-    colours = dict(zip(VARIANTS, ("tab:gray", "tab:blue", "tab:cyan", "tab:red", "tab:orange")))
+    colours = dict(zip(VARIANTS, ("tab:gray", "tab:blue", "tab:cyan", "tab:purple", "tab:red", "tab:orange")))
     for variant in VARIANTS:
         group = [r for r in full if r["variant"] == variant]
         for i, r in enumerate(group):

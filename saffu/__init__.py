@@ -10,7 +10,7 @@ The package is laid out as the pipeline runs, imports flowing one way (top to bo
 * ``ngram`` — exact sparse n-gram counts, Kneser-Ney, ARPA files;
 * ``models`` — the shared model interface and losses, the SAFFU stack, the cipher bigram
   layer, the exact token-resolution model, the factorised model, the transformer baseline,
-  the explicit residual over any of them;
+  the explicit residual over any of them, structured drop-ins for dense layers (low-rank, block);
 * ``solve`` — explicit solutions of the models (SAFFU stage by stage, the bigram layer, the
   exact groups, their low-rank factors);
 * ``training`` — the one trainer (warm or cold start) and run directories / checkpoints;
@@ -50,8 +50,10 @@ _EXPORTS = {
     "saffu.models.saffu": ["Saffu", "init_params", "saffu_logits"],
     "saffu.models.bigram": ["bigram_nll", "random_bigram"],
     "saffu.models.exact": ["exact_logits"],
-    "saffu.models.factorised": ["factorised_logits"],
-    "saffu.models.transformer": ["Transformer", "explicit_transformer_init"],
+    "saffu.models.factorised": ["factorised_logits", "structure_output"],
+    "saffu.models.structured": ["StructuredLinear", "apply_structure", "from_dense", "structure_size", "to_dense"],
+    "saffu.models.transformer": ["Transformer", "drop_guide", "explicit_transformer_init", "grow_layer",
+                                 "inherit_layers"],
     "saffu.models.residual": ["with_explicit"],
     "saffu.solve.saffu": ["solve_explicit"],
     "saffu.solve.bigram": ["fit_explicit_bigram"],

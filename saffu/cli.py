@@ -27,6 +27,7 @@ SHARED_CORPUS = Path("../shared/data/babylm/2023")
 #: Tokens of each split a final evaluation scores unless ``--eval-tokens`` says otherwise
 #: (whole documents, exact bits per byte); ``--eval-tokens 0`` scores whole splits.
 EVAL_TOKENS = 200_000
+STRUCTURE_CHOICES = configs.STRUCTURES
 
 
 def human(value) -> str:
@@ -243,13 +244,31 @@ def _model_config(args, vocab_size: int):
     if getattr(args, "model", "saffu") == "transformer":
         return configs.TransformerConfig(vocab_size=vocab_size, width=args.width, layers=args.layers,
                                          heads=args.attention_heads, mlp_ratio=args.mlp_ratio,
-                                         context_tokens=args.context, max_len=args.max_len)
+                                         context_tokens=args.context, max_len=args.max_len, ffn=args.ffn,
+                                         ffn_share=args.ffn_share, ffn_blocks=args.ffn_blocks,
+                                         guide_share=args.self_guided)
     if getattr(args, "model", "saffu") == "factorised":
-        return configs.FactorisedConfig(vocab_size=vocab_size, rank=args.rank, positions=args.positions,
-                                        radius=args.radius, heads=args.heads)
+        return _factorised_config(args, vocab_size)
     return configs.SaffuConfig(vocab_size=vocab_size, bits=args.bits, radius=args.radius, heads=args.heads,
                                positions=args.positions, hidden=args.hidden, value_form=args.value_form,
                                blocks=args.blocks, exact_positions=tuple(args.exact_positions))
+
+
+def _factorised_config(args, vocab_size: int):
+    return configs.FactorisedConfig(vocab_size=vocab_size, rank=args.rank, positions=args.positions,
+                                    radius=args.radius, heads=args.heads, output=args.output_structure,
+                                    output_share=args.output_share, output_blocks=args.output_blocks)
+
+
+def _add_output_structure_flags(parser) -> None:
+    f = configs.FactorisedConfig
+    parser.add_argument("--output-structure", choices=STRUCTURE_CHOICES, default=f.output,
+                        help="the factorised model's output factor B: dense, or structured (set from the "
+                             "explicit B by SVD: a closed-form structured init)")
+    parser.add_argument("--output-share", type=float, default=f.output_share,
+                        help="a structured B's weights as a share of the dense r × V")
+    parser.add_argument("--output-blocks", type=int, default=f.output_blocks,
+                        help="blocks of a blockdense / blockshuffle B")
 
 
 def _score_splits(params, config, workdir, args, splits=None) -> dict:
@@ -337,8 +356,7 @@ def cmd_factorise(args) -> dict:
     from saffu.training.checkpoints import save_explicit, save_run_config
 
     workdir = open_workdir(args.workdir)
-    config = configs.FactorisedConfig(vocab_size=workdir.vocab_size, rank=args.rank, positions=args.positions,
-                                      radius=args.radius, heads=args.heads)
+    config = _factorised_config(args, workdir.vocab_size)
     solver = configs.FactorConfig(mu=args.mu, column_power=args.column_power, oversample=args.oversample,
                                   power_iterations=args.power_iterations, seed=args.seed,
                                   buckets=tuple(args.buckets), holdout_tokens=args.holdout_tokens,
@@ -413,6 +431,9 @@ def cmd_train(args) -> dict:
     mesh = data_parallel_mesh(args.devices or None) if args.devices != 1 else None
     params, history = train(config, params, train_stream, train_config, run,
                             dev_stream=dev, on_eval=show, progress=not args.quiet, mesh=mesh)
+    if getattr(config, "guide_share", 0):      # self-guided: the dense guide is gone by the end
+        from saffu.models.transformer import drop_guide
+        config, params = drop_guide(params, config)
     metrics = {"model": config.kind, "init": args.init, "params": parameter_count(params),
                "steps": history[-1]["step"] if history else (resumed or 0)}
     if config.kind == "residual":
@@ -764,6 +785,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--radius", type=int, default=factorised.radius, help="tokens the attention heads read")
     p.add_argument("--heads", type=int, default=factorised.heads,
                    help="attention heads (zero in the explicit solution; training moves them)")
+    _add_output_structure_flags(p)
     p.add_argument("--mu", type=float, default=factor.mu, help="Witten-Bell κ of the exact offset groups")
     p.add_argument("--column-power", type=float, default=factor.column_power,
                    help="targets weighted by p(y)^a in the SVD (rows by √count)")
@@ -839,6 +861,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "weights, then the reference's blocks up to --inherit-layers (default: one more)")
     p.add_argument("--rank", type=int, default=configs.FactorisedConfig.rank,
                    help="embedding / output-factor width r of a factorised model")
+    _add_output_structure_flags(p)
     _add_architecture_flags(p)
     tf = configs.TransformerConfig
     t = p.add_argument_group("transformer (with --model transformer)")
@@ -849,6 +872,15 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--context", type=int, default=tf.context_tokens,
                    help="left-context tokens before each window's targets")
     t.add_argument("--max-len", type=int, default=tf.max_len, help="longest window (learned positions)")
+    t.add_argument("--ffn", choices=STRUCTURE_CHOICES, default=tf.ffn,
+                   help="the MLP's two layers: dense, or structured (U(Vx), U(Bx) with block-diagonal B, or "
+                        "block-diagonal / shuffle / block-diagonal), set from the SVD of a random dense layer")
+    t.add_argument("--ffn-share", type=float, default=tf.ffn_share,
+                   help="a structured MLP layer's weights as a share of the dense layer's")
+    t.add_argument("--ffn-blocks", type=int, default=tf.ffn_blocks, help="blocks of blockdense / blockshuffle")
+    t.add_argument("--self-guided", type=float, default=tf.guide_share, metavar="SHARE",
+                   help="self-guided training of a structured MLP: a dense guide's weight falls from 1 to 0 on "
+                        "a cosine over this share of the steps, then the dense path is dropped (0: none)")
     p.add_argument("--bits", type=int, default=configs.SaffuConfig.bits, help="bit-cipher bits of a SAFFU model")
     p.add_argument("--steps", type=int, default=train.steps, help="optimizer steps (0: one epoch)")
     p.add_argument("--batch-size", type=int, default=train.batch_size, help="windows per step")

@@ -14,6 +14,51 @@ from typing import Any
 
 from saffu._io import SaffuError
 
+STRUCTURES = ("dense", "lowrank", "blockdense", "blockshuffle")   # dense-layer structures, saffu.models.structured
+
+
+def structure_size(kind: str, n_in: int, n_out: int, share: float, blocks: int = 4) -> int:
+    """The inner size of ``kind`` within ``share`` of ``n_in·n_out`` weights: the rank ``r``
+    (``lowrank``; ``blockdense``, a multiple of ``blocks``) or the hidden width ``h = blocks²·c``
+    (``blockshuffle``); ``n_out`` for ``dense``. At least one block's worth."""
+    if kind not in STRUCTURES:
+        raise SaffuError(f"unknown structure {kind!r}; choose from {', '.join(STRUCTURES)}")
+    if not 0 < share <= 1:
+        raise SaffuError(f"a structure's parameter share must be in (0, 1], not {share}")
+    budget = share * n_in * n_out
+    if kind == "dense":
+        return n_out
+    if kind == "lowrank":
+        return max(1, int(budget // (n_in + n_out)))
+    if blocks < 1 or n_in % blocks or (kind == "blockshuffle" and n_out % blocks):
+        raise SaffuError(f"{kind} needs the layer's sizes ({n_in} → {n_out}) divisible by its {blocks} blocks")
+    if kind == "blockdense":
+        return blocks * max(1, int(budget // (n_in / blocks + n_out) // blocks))
+    return blocks * blocks * max(1, int(budget * blocks / (n_in + n_out) // (blocks * blocks)))
+
+
+def factor_shapes(kind: str, n_in: int, n_out: int, size: int, blocks: int = 4) -> dict[str, tuple[int, ...]]:
+    """Shapes of ``kind``'s factors at inner size ``size`` (see :func:`structure_size`)."""
+    b = blocks
+    return {"dense": {"kernel": (n_in, n_out)},
+            "lowrank": {"down": (n_in, size), "up": (size, n_out)},
+            "blockdense": {"blocks": (b, n_in // b, size // b), "up": (size, n_out)},
+            "blockshuffle": {"first": (b, n_in // b, size // b), "second": (b, size // b, n_out // b)}}[kind]
+
+
+def structure_params(kind: str, n_in: int, n_out: int, share: float, blocks: int = 4) -> int:
+    """Weights of ``kind`` (bias excluded) within ``share`` of a dense ``n_in × n_out`` layer."""
+    size = structure_size(kind, n_in, n_out, share, blocks)
+    return sum(math.prod(shape) for shape in factor_shapes(kind, n_in, n_out, size, blocks).values())
+
+
+def guide_alpha(step: int, guide_steps: int) -> float | None:
+    """Self-guided training's weight of the dense guide at ``step``: ``½(1 + cos(π·step/guide_steps))``
+    (1 at step 0), and ``None`` from ``guide_steps`` on (the dense path is dropped)."""
+    if step >= guide_steps:
+        return None
+    return 0.5 * (1.0 + math.cos(math.pi * step / guide_steps))
+
 
 #: ``<pad>`` and ``<eod>``: the ids before every regular token.
 NUM_SPECIAL = 2
@@ -443,6 +488,10 @@ class FactorisedConfig:
       positions: nearest tokens with their own embedding table (offsets ``0 … positions − 1``).
       radius: tokens the attention heads read (the head included).
       heads: attention heads (``0``: none).
+      output: the output factor ``B``: ``dense``, or a structure of :mod:`saffu.models.structured`
+        (``lowrank``, ``blockdense``, ``blockshuffle``) held as ``params["output_factors"]``.
+      output_share: a structured ``B``'s weights as a share of the dense ``r × V`` (ignored for dense).
+      output_blocks: blocks of ``blockdense`` / ``blockshuffle``.
     """
 
     vocab_size: int
@@ -450,6 +499,9 @@ class FactorisedConfig:
     positions: int = 3
     radius: int = 8
     heads: int = 1
+    output: str = "dense"
+    output_share: float = 0.32
+    output_blocks: int = 4
     kind: str = "factorised"
 
     def __post_init__(self):
@@ -457,6 +509,7 @@ class FactorisedConfig:
             raise SaffuError("factorised models need rank ≥ 1, positions ≥ 1, radius ≥ 1 and heads ≥ 0")
         if self.rank > self.vocab_size:
             raise SaffuError(f"--rank {self.rank} exceeds the vocabulary ({self.vocab_size})")
+        structure_size(self.output, self.rank, self.vocab_size, self.output_share, self.output_blocks)
 
     def head_radius(self, head: int) -> int:
         return max(1, self.radius >> head)
@@ -482,12 +535,14 @@ class FactorisedConfig:
         return factorised_logits(params, self, tokens)
 
     def forward_flops(self, seq_len: int = 0) -> float:
-        """Per predicted token: the output factor ``2 r V`` (the embedding sums are lookups),
+        """Per predicted token: the output factor ``2 r V`` (dense; twice its weights structured;
+        the embedding sums are lookups),
         per head the similarities, scores and value over its radius and ``G_h`` (``2 r²``)."""
         r = self.rank
         attention = sum(2 * (2 * self.head_radius(h) * r + self.head_radius(h) ** 2) + 2 * r * r
                         for h in range(self.heads))
-        return float(2 * r * self.vocab_size + attention)
+        output = structure_params(self.output, r, self.vocab_size, self.output_share, self.output_blocks)
+        return float(2 * output + attention)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -542,6 +597,12 @@ class TransformerConfig:
       mlp_ratio: MLP hidden width ``= mlp_ratio · d``.
       context_tokens: left context before a window's targets (``context``).
       max_len: longest window ``context + seq_len`` the learned positions cover.
+      ffn: the MLP's two layers (``mlp_in``, ``mlp_out``): ``dense``, or a structure of
+        :mod:`saffu.models.structured` (``lowrank``, ``blockdense``, ``blockshuffle``).
+      ffn_share: a structured layer's weights as a share of the dense layer's (ignored for dense).
+      ffn_blocks: blocks of ``blockdense`` / ``blockshuffle``.
+      guide_share: self-guided training: the share of the training steps over which a dense
+        guide's weight ``α`` falls from 1 to 0 on a cosine (``0``: no guide); see :meth:`step_inputs`.
     """
 
     vocab_size: int
@@ -551,6 +612,10 @@ class TransformerConfig:
     mlp_ratio: int = 4
     context_tokens: int = 32
     max_len: int = 512
+    ffn: str = "dense"
+    ffn_share: float = 0.32
+    ffn_blocks: int = 4
+    guide_share: float = 0.0
     kind: str = "transformer"
 
     def __post_init__(self):
@@ -560,6 +625,13 @@ class TransformerConfig:
             raise SaffuError(f"--width {self.width} must be a multiple of --heads {self.heads}")
         if self.context_tokens >= self.max_len:
             raise SaffuError(f"context {self.context_tokens} must be shorter than max_len {self.max_len}")
+        hidden = self.mlp_ratio * self.width
+        structure_size(self.ffn, self.width, hidden, self.ffn_share, self.ffn_blocks)   # checks the structure
+        structure_size(self.ffn, hidden, self.width, self.ffn_share, self.ffn_blocks)
+        if not 0 <= self.guide_share <= 1:
+            raise SaffuError(f"--self-guided {self.guide_share} must be a share of training in [0, 1]")
+        if self.guide_share and self.ffn == "dense":
+            raise SaffuError("self-guided training needs a structured --ffn (a dense MLP has nothing to guide)")
 
     @property
     def context(self) -> int:
@@ -585,9 +657,38 @@ class TransformerConfig:
         visible length, and the output layer. Embedding lookups, norms and softmaxes are omitted."""
         d, V, L = self.width, self.vocab_size, self.layers
         mean_visible = (self.context + seq_len + 1) / 2
-        dense = L * (4 * d * d + 2 * self.mlp_ratio * d * d)
+        dense = L * (4 * d * d + self.mlp_weights)
         attention = L * 2 * mean_visible * d
         return 2.0 * (dense + attention + d * V)
+
+    @property
+    def mlp_weights(self) -> int:
+        """Weights (biases excluded) of one block's MLP: ``2 · mlp_ratio · d²`` dense, fewer structured."""
+        hidden = self.mlp_ratio * self.width
+        return (structure_params(self.ffn, self.width, hidden, self.ffn_share, self.ffn_blocks)
+                + structure_params(self.ffn, hidden, self.width, self.ffn_share, self.ffn_blocks))
+
+    def guide_steps(self, steps: int) -> int:
+        """Steps of a ``steps``-step run with the dense guide (``0`` without self-guided training)."""
+        return max(1, round(self.guide_share * steps)) if self.guide_share else 0
+
+    def step_inputs(self, step: int, steps: int) -> dict:
+        """Inputs of training step ``step`` of ``steps`` besides the parameters (the trainer
+        merges them into the params it passes; a change of their names recompiles the step):
+        while self-guided, ``{"guide_alpha": α}`` with ``α = ½(1 + cos(π·step/guide_steps))``;
+        afterwards — and without self-guided training — none, and the dense path is not computed."""
+        import numpy as np
+        alpha = guide_alpha(step, self.guide_steps(steps))
+        return {} if alpha is None else {"guide_alpha": np.float32(alpha)}
+
+    def step_forward_flops(self, seq_len: int, inputs: dict) -> float:
+        """:meth:`forward_flops` of a step with these :meth:`step_inputs`: the guided steps also
+        run the dense guide (``2 · mlp_ratio · d²`` multiply-adds per block) and mix the two paths."""
+        flops = self.forward_flops(seq_len)
+        if "guide_alpha" in inputs:
+            d, hidden = self.width, self.mlp_ratio * self.width
+            flops += 2.0 * self.layers * (2 * d * hidden) + 3.0 * self.layers * (d + hidden)
+        return flops
 
 
 RESIDUAL_SCALES = ("fixed", "learned")
@@ -629,6 +730,9 @@ class ResidualConfig:
         if getattr(self.base, "kind", None) not in ("transformer", "saffu", "factorised"):
             raise SaffuError(f"the residual's trainable part must be a transformer, SAFFU or factorised model, "
                              f"got {getattr(self.base, 'kind', self.base)!r}")
+        if getattr(self.base, "guide_share", 0):
+            raise SaffuError("self-guided training is not wired through an explicit residual; train the residual's "
+                             "structured transformer plainly (--self-guided 0)")
         if getattr(self.explicit, "kind", None) != "exact":
             raise SaffuError("the residual's explicit part must be an exact model (`saffu exact`)")
         if self.base.vocab_size != self.explicit.vocab_size:

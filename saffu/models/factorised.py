@@ -14,6 +14,11 @@ a rank-``r`` factorisation of the exact offset matrices ``L_p[c, y]``, ``b = log
 
     {"embeddings": float32[P, V, r], "output_weights": float32[r, V], "output_bias": float32[V],
      "attention_{h}": float32[M_h, M_h], "value_weights": float32[H, r, r]}
+
+With a structured output factor (``config.output``, :mod:`saffu.models.structured`) the dense
+``output_weights`` is replaced by ``"output_factors"`` (the structure's factors):
+:func:`structure_output` sets them from a dense ``B`` by SVD — from the explicit solution's
+``B``, a closed-form structured init; random init takes the SVD of a random ``B``.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import jax.numpy as jnp
 from saffu.configs import FactorisedConfig
 from saffu.data.tokenizer import PAD_ID
 from saffu.models.exact import document_contexts
+from saffu.models.structured import apply_structure, from_dense, structure_size
 
 Params = dict[str, Any]
 
@@ -40,6 +46,20 @@ def init_params(config: FactorisedConfig, key: jax.Array, scale: float = 0.02) -
               "value_weights": scale * jax.random.normal(next(keys), (H, r, r))}
     for h in range(H):
         params[f"attention_{h}"] = scale * jax.random.normal(next(keys), (config.head_radius(h),) * 2)
+    return structure_output(params, config)
+
+
+def structure_output(params: Params, config: FactorisedConfig) -> Params:
+    """``params`` with a dense ``output_weights float32[r, V]`` (random, or the explicit
+    solution's) turned into ``config.output``'s factors (``params["output_factors"]``) by SVD
+    (:func:`saffu.models.structured.from_dense`); unchanged for a dense output or params that
+    already hold factors."""
+    if config.output == "dense" or "output_factors" in params:
+        return params
+    size = structure_size(config.output, config.rank, config.vocab_size, config.output_share, config.output_blocks)
+    params = dict(params)
+    dense = params.pop("output_weights")
+    params["output_factors"] = from_dense(config.output, jnp.asarray(dense, jnp.float32), size, config.output_blocks)
     return params
 
 
@@ -74,5 +94,7 @@ def factorised_attention(params: Params, config: FactorisedConfig, tokens: jax.A
 
 def factorised_logits(params: Params, config: FactorisedConfig, tokens: jax.Array) -> jax.Array:
     """Next-token logits at every position: ``int32[B, S]`` -> ``float32[B, S, V]``."""
-    logits = hidden_states(params, config, tokens) @ params["output_weights"]
+    h = hidden_states(params, config, tokens)
+    logits = (h @ params["output_weights"] if config.output == "dense"
+              else apply_structure(config.output, params["output_factors"], h))
     return logits + params["output_bias"][None, None, :]

@@ -10,7 +10,10 @@ argument — with
   ``p + 1``; ``params`` is a pytree of arrays, always a jit argument, never a constant;
 * ``forward_flops(seq_len) -> float``: analytic forward FLOPs per predicted token;
 * ``eval_seq_len``: targets per evaluation window;
-* optionally ``fixed_params``: top-level parameter names that are inputs, never trained.
+* optionally ``fixed_params``: top-level parameter names that are inputs, never trained;
+* optionally ``step_inputs(step, steps) -> dict``: per-step inputs (e.g. self-guided training's
+  ``guide_alpha``) merged into the params of that training step, and ``step_forward_flops(seq_len,
+  inputs)``: the forward FLOPs of a step with those inputs.
 """
 
 from __future__ import annotations

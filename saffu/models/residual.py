@@ -28,14 +28,20 @@ Params = dict[str, Any]
 def zero_output(kind: str, params: Params) -> Params:
     """``params`` of a ``kind`` model with the layer that produces its logits set to zero, so
     the model's logits are exactly 0 (a copy; the other weights are untouched):
-    the transformer's ``output``, the factorised model's ``output_weights``/``output_bias``,
+    the transformer's ``output``, the factorised model's ``output_weights`` (or the last factor of
+    a structured one) and ``output_bias``,
     SAFFU's last block's ``group_weights`` or ``output_weights`` and ``output_bias``."""
     params = jax.tree.map(lambda x: x, params)
     if kind == "transformer":
         params["output"] = jax.tree.map(jnp.zeros_like, params["output"])
     elif kind == "factorised":
-        params.update(output_weights=jnp.zeros_like(params["output_weights"]),
-                      output_bias=jnp.zeros_like(params["output_bias"]))
+        params["output_bias"] = jnp.zeros_like(params["output_bias"])
+        if "output_weights" in params:
+            params["output_weights"] = jnp.zeros_like(params["output_weights"])
+        else:    # a structured B: its last factor at zero (the first stays random, so gradients flow)
+            factors = params["output_factors"]
+            last = sorted(factors, key=("down", "blocks", "first", "up", "second").index)[-1]
+            params["output_factors"] = {**factors, last: jnp.zeros_like(factors[last])}
     elif kind == "saffu":
         last = params["blocks"][max(params["blocks"])]
         for name in ("group_weights", "output_weights", "output_bias"):

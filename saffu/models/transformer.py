@@ -28,25 +28,37 @@ from flax import nnx
 from saffu._io import SaffuError
 from saffu.configs import EXPLICIT_PIECES, TransformerConfig
 from saffu.data.tokenizer import EOD_ID
+from saffu.models.structured import StructuredLinear
 
 
 Params = dict[str, Any]
 
 
+def _mlp_layer(config: TransformerConfig, n_in: int, n_out: int, rngs: nnx.Rngs) -> nnx.Module:
+    if config.ffn == "dense":
+        return nnx.Linear(n_in, n_out, rngs=rngs)
+    return StructuredLinear(n_in, n_out, config.ffn, config.ffn_share, config.ffn_blocks,
+                            guided=config.guide_share > 0, rngs=rngs)
+
+
 class Block(nnx.Module):
-    """Pre-norm block: ``x + attn(LN(x))``, then ``x + MLP(LN(x))``."""
+    """Pre-norm block: ``x + attn(LN(x))``, then ``x + MLP(LN(x))``; the MLP's two layers dense
+    or structured (:mod:`saffu.models.structured`, ``config.ffn``)."""
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
         d = config.width
         self.attention_norm = nnx.LayerNorm(d, rngs=rngs)
         self.attention = nnx.MultiHeadAttention(num_heads=config.heads, in_features=d, decode=False, rngs=rngs)
         self.mlp_norm = nnx.LayerNorm(d, rngs=rngs)
-        self.mlp_in = nnx.Linear(d, config.mlp_ratio * d, rngs=rngs)
-        self.mlp_out = nnx.Linear(config.mlp_ratio * d, d, rngs=rngs)
+        self.mlp_in = _mlp_layer(config, d, config.mlp_ratio * d, rngs)
+        self.mlp_out = _mlp_layer(config, config.mlp_ratio * d, d, rngs)
 
-    def __call__(self, x: jax.Array, mask: jax.Array, sow_weights: bool = False) -> jax.Array:
+    def __call__(self, x: jax.Array, mask: jax.Array, sow_weights: bool = False,
+                 alpha: jax.Array | None = None) -> jax.Array:
         x = x + self.attention(self.attention_norm(x), mask=mask, sow_weights=sow_weights)
-        return x + self.mlp_out(jax.nn.gelu(self.mlp_in(self.mlp_norm(x))))
+        if alpha is None:       # dense, structured, or self-guided once the guide is gone
+            return x + self.mlp_out(jax.nn.gelu(self.mlp_in(self.mlp_norm(x))))
+        return x + self.mlp_out(jax.nn.gelu(self.mlp_in(self.mlp_norm(x), alpha)), alpha)
 
 
 class Transformer(nnx.Module):
@@ -60,9 +72,10 @@ class Transformer(nnx.Module):
         self.final_norm = nnx.LayerNorm(config.width, rngs=rngs)
         self.output = nnx.Linear(config.width, config.vocab_size, rngs=rngs)
 
-    def __call__(self, tokens: jax.Array, sow_weights: bool = False) -> jax.Array:
+    def __call__(self, tokens: jax.Array, sow_weights: bool = False, alpha: jax.Array | None = None) -> jax.Array:
         """``sow_weights``: also keep every block's post-softmax attention weights
-        (``block.attention.attention_weights``, see :func:`transformer_attention`)."""
+        (``block.attention.attention_weights``, see :func:`transformer_attention`); ``alpha``:
+        the dense guide's weight of self-guided training (``None``: the structured MLP alone)."""
         length = tokens.shape[1]
         if length > self.config.max_len:
             raise SaffuError(f"window of {length} tokens is longer than the transformer's max_len "
@@ -70,7 +83,7 @@ class Transformer(nnx.Module):
         x = self.embed(tokens) + self.positions[...][None, :length]
         mask = document_causal_mask(tokens)
         for block in self.blocks:
-            x = block(x, mask, sow_weights)
+            x = block(x, mask, sow_weights, alpha)
         return self.output(self.final_norm(x))
 
 
@@ -102,8 +115,27 @@ def _module(params: Params, config: TransformerConfig) -> Transformer:
 
 
 def transformer_logits(params: Params, config: TransformerConfig, tokens: jax.Array) -> jax.Array:
-    """Next-token logits ``float32[B, S, V]`` of ``tokens int32[B, S]`` with the params dict."""
+    """Next-token logits ``float32[B, S, V]`` of ``tokens int32[B, S]`` with the params dict.
+    A self-guided model's ``params["guide_alpha"]`` (``float32[]``, from
+    :meth:`TransformerConfig.step_inputs`) mixes in the dense guide; without it the guide is not read."""
+    if "guide_alpha" in params:
+        if not config.guide_share:
+            raise SaffuError("a guide weight α was given to a transformer without self-guided training")
+        params = dict(params)
+        alpha = params.pop("guide_alpha")
+        return _module(params, config)(tokens, alpha=alpha)
     return _module(params, config)(tokens)
+
+
+def drop_guide(params: Params, config: TransformerConfig) -> tuple[TransformerConfig, Params]:
+    """A self-guided model after its guided phase: the config without the guide and the params
+    without the dense guide kernels (the model computes the same logits; nothing else changes)."""
+    if not config.guide_share:
+        return config, params
+    strip = lambda layer: {name: value for name, value in layer.items() if name != "guide"}
+    blocks = {index: {**block, "mlp_in": strip(block["mlp_in"]), "mlp_out": strip(block["mlp_out"])}
+              for index, block in params["blocks"].items()}
+    return dataclasses.replace(config, guide_share=0.0), {**params, "blocks": blocks}
 
 
 def transformer_attention(params: Params, config: TransformerConfig, tokens: jax.Array) -> list[jax.Array]:

@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, Callable
 
@@ -32,7 +33,7 @@ from saffu.configs import FactorConfig, FactorisedConfig
 from saffu.data.workdir import WorkDir
 from saffu.engine import accounting
 from saffu.models.exact import document_contexts
-from saffu.models.factorised import Params, init_params
+from saffu.models.factorised import Params, init_params, structure_output
 from saffu.ngram.counts import count_rows
 from saffu.solve.exact import calibrate, held_out_prior
 
@@ -129,7 +130,9 @@ def solve_factorised(workdir: WorkDir, config: FactorisedConfig, solver: FactorC
     ``holdout_tokens``, ``energy`` (share of the weighted matrix the rank keeps), the largest and
     smallest kept singular values, ``holdout_loss`` (nats/token, calibrated) and
     ``holdout_loss_unscaled`` (all temperatures 1), the temperatures ``beta_{p}_{b}`` and
-    ``peak_rss_mb``.
+    ``peak_rss_mb``. A structured output factor (``config.output``) is the SVD of the solved
+    dense ``B`` (:func:`saffu.models.factorised.structure_output`); the temperatures are fitted
+    with the dense ``B``.
     """
     start = time.perf_counter()
     stream, holdout, counted, prior, report = held_out_prior(workdir, config.vocab_size, solver.holdout_tokens,
@@ -149,8 +152,9 @@ def solve_factorised(workdir: WorkDir, config: FactorisedConfig, solver: FactorC
                                 solver.oversample, solver.power_iterations, solver.seed)
     report.update(seconds_factorise=time.perf_counter() - tick, energy=energy, singular_max=float(s[0]),
                   singular_min=float(s[-1]), offset_pairs=int(sum(S.nnz for S in matrices)))
+    dense = dataclasses.replace(config, output="dense")    # a structured B is the SVD of the dense one, below
     params = jax.tree.map(lambda leaf: jnp.zeros(leaf.shape, leaf.dtype),     # the init's tree, all zeros
-                          jax.eval_shape(lambda: init_params(config, jax.random.key(0))))
+                          jax.eval_shape(lambda: init_params(dense, jax.random.key(0))))
     params.update(embeddings=jnp.asarray(E, jnp.float32), output_weights=jnp.asarray(B, jnp.float32),
                   output_bias=jnp.asarray(np.log(prior), jnp.float32))
     tick = time.perf_counter()
@@ -165,6 +169,7 @@ def solve_factorised(workdir: WorkDir, config: FactorisedConfig, solver: FactorC
         report.update(holdout_loss=loss, holdout_loss_unscaled=unscaled, calibration_evaluations=evaluations,
                       **{f"beta_{p}_{b}": float(beta[p, b]) for p in range(P) for b in range(beta.shape[1])})
     report["seconds_calibration"] = time.perf_counter() - tick
+    params = structure_output(params, config)
     report["seconds"] = time.perf_counter() - start
     report.update(accounting.memory_record())
     return params, report

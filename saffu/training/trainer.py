@@ -246,6 +246,10 @@ def train(model: Model, params: Params, train_stream: np.ndarray, config: TrainC
     The caller's ``params`` are copied, never donated. The model's ``fixed_params`` (e.g. the
     explicit tables of a residual model) are inputs of every step: not differentiated, without
     optimizer state and not in the checkpoints (the caller supplies them again on resume).
+    A model's ``step_inputs(step, steps)`` (e.g. self-guided training's ``guide_alpha``) join
+    them per step; each set of their names is compiled once, so a phase that drops an input
+    (the dense guide once ``α`` reaches 0) runs a step without that computation, and ``flops`` /
+    ``xla_flops`` add up each step's own count.
 
     Returns the final parameters and the evaluation history of this call.
     """
@@ -271,14 +275,34 @@ def train(model: Model, params: Params, train_stream: np.ndarray, config: TrainC
     else:
         put_batch = jax.device_put
 
-    # ahead-of-time compilation: XLA's FLOP count of one step comes with the one compilation
+    # a model's per-step inputs (e.g. self-guided training's α) join ``fixed``; each set of their
+    # names is one phase with its own compiled step (compiled ahead of time: XLA's FLOP count of
+    # one step comes with the compilation)
+    step_inputs = getattr(model, "step_inputs", lambda step, steps: {})
+    put_inputs = (lambda inputs: jax.device_put(inputs, replicated)) if mesh is not None else (lambda inputs: inputs)
     batch = put_batch(schedule(min(start, steps - 1)))
     stats = StepStats.zeros()
-    compiled_step = make_train_step(model, optimizer, config).lower(
-        params, opt_state, stats, jnp.asarray(start), *batch, fixed).compile()
+    train_step = make_train_step(model, optimizer, config)
     tokens_per_step = config.batch_size * config.seq_len
-    step_xla_flops = accounting.xla_flops(compiled_step)
-    step_flops = accounting.training_flops(model, tokens_per_step, config.seq_len)
+    phases: dict[tuple, tuple] = {}
+
+    def phase(step: int) -> tuple:
+        """``(compiled step, analytic FLOPs, XLA FLOPs or None, inputs)`` of training step ``step``."""
+        inputs = step_inputs(step, steps)
+        key = tuple(sorted(inputs))
+        if key not in phases:
+            compiled = train_step.lower(params, opt_state, stats, jnp.asarray(step), *batch,
+                                        {**fixed, **put_inputs(inputs)}).compile()
+            forward = (model.step_forward_flops(config.seq_len, inputs) if hasattr(model, "step_forward_flops")
+                       else model.forward_flops(config.seq_len))
+            phases[key] = (compiled, 3.0 * forward * tokens_per_step, accounting.xla_flops(compiled))
+        return (*phases[key], inputs)
+
+    flops_done, xla_done = 0.0, 0.0
+    for earlier in range(start):         # a resumed run: the FLOPs of the steps before it
+        _, step_flops, step_xla_flops, _ = phase(earlier)
+        flops_done += step_flops
+        xla_done = None if xla_done is None or step_xla_flops is None else xla_done + step_xla_flops
     meter = _Meter(seconds)
     history: list[dict] = []
 
@@ -289,10 +313,10 @@ def train(model: Model, params: Params, train_stream: np.ndarray, config: TrainC
         record = {"step": step, "tokens": step * tokens_per_step, "seconds": meter.seconds,
                   "tokens_per_s": done_here * tokens_per_step / max(meter.seconds - meter.seconds_at_start, 1e-9)
                   if done_here else math.nan,
-                  "flops": step * step_flops,
-                  "xla_flops": None if step_xla_flops is None else step * step_xla_flops,
+                  "flops": flops_done, "xla_flops": xla_done,
                   **accounting.memory_record(),
-                  "train_loss": meter.train_loss(), "dev_loss": dev_loss({**params, **fixed}),
+                  "train_loss": meter.train_loss(),
+                  "dev_loss": dev_loss({**params, **fixed, **put_inputs(step_inputs(step, steps))}),
                   "skipped_steps": meter.skipped}
         history.append(record)
         with open(metrics_path, "a") as handle:
@@ -305,7 +329,11 @@ def train(model: Model, params: Params, train_stream: np.ndarray, config: TrainC
     meter.resume()
     bar = tqdm(range(start, steps), initial=start, total=steps, desc="train", disable=not progress, leave=False)
     for step in bar:
-        params, opt_state, stats = compiled_step(params, opt_state, stats, jnp.asarray(step), *batch, fixed)
+        compiled_step, step_flops, step_xla_flops, inputs = phase(step)
+        params, opt_state, stats = compiled_step(params, opt_state, stats, jnp.asarray(step), *batch,
+                                                 {**fixed, **put_inputs(inputs)})
+        flops_done += step_flops
+        xla_done = None if xla_done is None or step_xla_flops is None else xla_done + step_xla_flops
         done = step + 1
         if done < steps:      # prefetch: the next batch goes to the device while this step runs
             batch = put_batch(schedule(done))

@@ -1,0 +1,258 @@
+"""Structured feed-forward layers: LowRank, BlockDense, BlockShuffle, SVD init, self-guided training."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from saffu import SaffuError
+from saffu.cli import main
+from saffu.configs import FactorisedConfig, TransformerConfig
+from saffu.engine import accounting
+from saffu.models.factorised import factorised_logits, structure_output
+from saffu.models.interface import parameter_count, window_loss
+from saffu.models.structured import (apply_structure, factor_shapes, from_dense, guide_alpha, structure_params,
+                                     structure_size, to_dense)
+from saffu.models.transformer import drop_guide, parameter_count_of
+from saffu.training.trainer import TrainConfig, train
+
+
+KINDS = ("lowrank", "blockdense", "blockshuffle")
+SMALL = dict(width=16, layers=2, heads=2, context_tokens=4, max_len=64)
+
+
+def _random_factors(kind, n_in, n_out, size, blocks, seed=0):
+    rng = np.random.default_rng(seed)
+    return {name: jnp.asarray(rng.normal(size=shape), jnp.float32)
+            for name, shape in factor_shapes(kind, n_in, n_out, size, blocks).items()}
+
+
+def _dense_reference(kind, factors, blocks):
+    """The dense matrix of a structure, built in float64 numpy from the definitions."""
+    f = {name: np.asarray(value, np.float64) for name, value in factors.items()}
+    if kind == "lowrank":
+        return f["down"] @ f["up"]
+    if kind == "blockdense":
+        block_diagonal = np.zeros((sum(b.shape[0] for b in f["blocks"]), sum(b.shape[1] for b in f["blocks"])))
+        rows = cols = 0
+        for block in f["blocks"]:
+            block_diagonal[rows:rows + block.shape[0], cols:cols + block.shape[1]] = block
+            rows, cols = rows + block.shape[0], cols + block.shape[1]
+        return block_diagonal @ f["up"]
+    # blockshuffle: B₁ (block-diagonal), the deal f (element k of block i -> k·b + i), B₂, f⁻¹
+    b, a, m = f["first"].shape
+    o = f["second"].shape[2]
+    h, n_out = b * m, b * o
+
+    def block_diagonal(blocks_):
+        out = np.zeros((sum(x.shape[0] for x in blocks_), sum(x.shape[1] for x in blocks_)))
+        r = c = 0
+        for x in blocks_:
+            out[r:r + x.shape[0], c:c + x.shape[1]] = x
+            r, c = r + x.shape[0], c + x.shape[1]
+        return out
+
+    deal = np.zeros((h, h))
+    for i in range(b):
+        for k in range(m):
+            deal[i * m + k, k * b + i] = 1              # row vector convention: z @ deal
+    undeal = np.zeros((n_out, n_out))
+    for j in range(b):
+        for q in range(o):
+            undeal[q * b + j, j * o + q] = 1            # the inverse deal of the output
+    return block_diagonal(f["first"]) @ deal @ block_diagonal(f["second"]) @ undeal
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("shape", [(32, 128), (128, 32)])
+def test_each_structure_computes_its_definition(kind, shape):
+    n_in, n_out = shape
+    size = structure_size(kind, n_in, n_out, 0.5, 4)
+    factors = _random_factors(kind, n_in, n_out, size, 4)
+    reference = _dense_reference(kind, factors, 4)
+    np.testing.assert_allclose(np.asarray(to_dense(kind, factors)), reference, rtol=1e-4, atol=1e-4)
+    x = np.random.default_rng(1).normal(size=(3, 5, n_in))
+    np.testing.assert_allclose(np.asarray(apply_structure(kind, factors, jnp.asarray(x, jnp.float32))),
+                               x @ reference, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_structure_built_from_a_dense_matrix_equals_it_where_the_rank_allows(kind):
+    """A dense matrix that a structure can hold exactly (made by that structure) comes back
+    exactly from its SVD; the block structures then also hold any matrix of full size."""
+    n_in, n_out = 32, 64
+    size = structure_size(kind, n_in, n_out, 0.5, 4)
+    W = np.asarray(to_dense(kind, _random_factors(kind, n_in, n_out, size, 4, seed=3)), np.float64)
+    rebuilt = to_dense(kind, from_dense(kind, jnp.asarray(W, jnp.float32), size, 4))
+    np.testing.assert_allclose(np.asarray(rebuilt), W, rtol=1e-4, atol=1e-4 * np.abs(W).max())
+    full = {"lowrank": min(n_in, n_out), "blockdense": n_in, "blockshuffle": 4 * 4 * (n_in // 4)}[kind]
+    dense = np.random.default_rng(4).normal(size=(n_in, n_out))
+    np.testing.assert_allclose(np.asarray(to_dense(kind, from_dense(kind, jnp.asarray(dense, jnp.float32), full, 4))),
+                               dense, atol=1e-4)
+
+
+@settings(max_examples=10, deadline=None)
+@given(rank=st.integers(1, 12), seed=st.integers(0, 1000))
+def test_lowrank_svd_init_is_the_rank_r_truncation(rank, seed):
+    W = np.random.default_rng(seed).normal(size=(24, 40))
+    U, S, Vt = np.linalg.svd(W, full_matrices=False)
+    truncated = (U[:, :rank] * S[:rank]) @ Vt[:rank]
+    factors = from_dense("lowrank", jnp.asarray(W, jnp.float32), rank)
+    # float32 SVD against float64 numpy: entries ~1, singular values ~10
+    np.testing.assert_allclose(np.asarray(to_dense("lowrank", factors)), truncated, atol=1e-3)
+    # the balanced split: D = U_r √S_r, U = √S_r V_rᵀ
+    np.testing.assert_allclose(np.abs(np.asarray(factors["down"])), np.abs(U[:, :rank] * np.sqrt(S[:rank])), atol=1e-3)
+
+
+def test_blockdense_svd_init_truncates_each_row_block():
+    W = np.random.default_rng(5).normal(size=(32, 48))
+    factors = from_dense("blockdense", jnp.asarray(W, jnp.float32), 8, 4)       # rank 2 per row block
+    rebuilt = np.asarray(to_dense("blockdense", factors))
+    for i in range(4):
+        U, S, Vt = np.linalg.svd(W[8 * i:8 * (i + 1)], full_matrices=False)
+        np.testing.assert_allclose(rebuilt[8 * i:8 * (i + 1)], (U[:, :2] * S[:2]) @ Vt[:2], atol=1e-4)
+
+
+def test_parameter_counts_follow_the_budget():
+    # the transformer's MLP at width 128: 128 -> 512 and back, 65,536 dense weights each
+    assert structure_size("lowrank", 128, 512, 0.32) == 32
+    assert structure_params("lowrank", 128, 512, 0.32) == 32 * (128 + 512)
+    assert structure_size("blockdense", 128, 512, 0.32, 4) == 36
+    assert structure_params("blockdense", 128, 512, 0.32, 4) == 128 * 9 + 36 * 512
+    assert structure_size("blockshuffle", 512, 128, 0.63, 4) == 256
+    assert structure_params("blockshuffle", 512, 128, 0.63, 4) == 512 * 64 + 256 * 32
+    for kind in KINDS:
+        for share in (0.32, 0.63):
+            weights = structure_params(kind, 128, 512, share)
+            assert 0.5 * share * 65536 < weights <= share * 65536
+    assert structure_params("dense", 128, 512, 0.32) == 65536
+    config = TransformerConfig(vocab_size=40, ffn="lowrank", ffn_share=0.5, **SMALL)
+    dense = TransformerConfig(vocab_size=40, **SMALL)
+    saved = 2 * (2 * 16 * 64 - 2 * structure_params("lowrank", 16, 64, 0.5))      # 2 blocks of 2 layers
+    assert parameter_count_of(dense) - parameter_count_of(config) == saved
+    assert dense.forward_flops(16) - config.forward_flops(16) == 2 * saved
+
+
+def test_bad_structures_are_clear_errors():
+    with pytest.raises(SaffuError, match="unknown structure"):
+        structure_size("sparse", 8, 8, 0.5)
+    with pytest.raises(SaffuError, match="share"):
+        TransformerConfig(vocab_size=40, ffn="lowrank", ffn_share=1.5, **SMALL)
+    with pytest.raises(SaffuError, match="divisible"):
+        TransformerConfig(vocab_size=40, ffn="blockshuffle", ffn_blocks=3, **SMALL)
+    with pytest.raises(SaffuError, match="structured"):
+        TransformerConfig(vocab_size=40, guide_share=0.5, **SMALL)
+    with pytest.raises(SaffuError, match="self-guided"):
+        TransformerConfig(vocab_size=40, ffn="lowrank", guide_share=2.0, **SMALL)
+
+
+def test_alpha_schedule_runs_from_one_to_gone():
+    assert guide_alpha(0, 10) == 1.0
+    assert guide_alpha(5, 10) == pytest.approx(0.5)
+    values = [guide_alpha(step, 10) for step in range(10)]
+    assert all(a > b for a, b in zip(values, values[1:])) and values[-1] > 0
+    assert guide_alpha(10, 10) is None and guide_alpha(11, 10) is None
+    config = TransformerConfig(vocab_size=40, ffn="lowrank", guide_share=0.5, **SMALL)
+    assert config.guide_steps(100) == 50
+    assert config.step_inputs(0, 100) == {"guide_alpha": 1.0}
+    assert config.step_inputs(49, 100)["guide_alpha"] > 0 and config.step_inputs(50, 100) == {}
+    assert TransformerConfig(vocab_size=40, ffn="lowrank", **SMALL).step_inputs(0, 100) == {}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_guide_mixes_dense_and_structured_paths(kind):
+    """α = 1: the model is the dense transformer with the guide kernels; α = 0 and no α at
+    all: the structured model, and the guide is not read; after drop_guide the same logits."""
+    config = TransformerConfig(vocab_size=40, ffn=kind, ffn_share=0.5, guide_share=0.5, **SMALL)
+    params = config.init(jax.random.key(0))
+    tokens = jnp.asarray(np.random.default_rng(0).integers(2, 40, (2, 12)), jnp.int32)
+    dense_config = TransformerConfig(vocab_size=40, **SMALL)
+    as_dense = {**params, "blocks": {i: {**block, **{layer: {"kernel": block[layer]["guide"], "bias": block[layer]["bias"]}
+                                                    for layer in ("mlp_in", "mlp_out")}}
+                                     for i, block in params["blocks"].items()}}
+    np.testing.assert_allclose(np.asarray(config.logits({**params, "guide_alpha": np.float32(1)}, tokens)),
+                               np.asarray(dense_config.logits(as_dense, tokens)), atol=1e-4)
+    plain = np.asarray(config.logits(params, tokens))
+    np.testing.assert_allclose(np.asarray(config.logits({**params, "guide_alpha": np.float32(0)}, tokens)), plain, atol=1e-5)
+    unguided, stripped = drop_guide(params, config)
+    assert unguided.guide_share == 0 and parameter_count(stripped) == parameter_count_of(unguided)
+    np.testing.assert_allclose(np.asarray(unguided.logits(stripped, tokens)), plain, atol=1e-6)
+    half = np.asarray(config.logits({**params, "guide_alpha": np.float32(0.5)}, tokens))
+    assert np.abs(half - plain).max() > 1e-4
+    with pytest.raises(SaffuError, match="without self-guided"):
+        dense_config.logits({**dense_config.init(jax.random.key(0)), "guide_alpha": np.float32(1)}, tokens)
+
+
+def test_self_guided_training_drops_the_dense_path_from_the_compiled_step(tiny_workdir, tmp_path):
+    config = TransformerConfig(vocab_size=tiny_workdir.vocab_size, ffn="lowrank", ffn_share=0.32,
+                               guide_share=0.5, **SMALL)
+    settings_ = TrainConfig(steps=8, batch_size=2, seq_len=16, learning_rate=1e-2, warmup_steps=2, eval_every=2,
+                            eval_windows=2)
+    _, history = train(config, config.init(jax.random.key(0)), tiny_workdir.tokens("train_10M"), settings_,
+                       tmp_path / "run", dev_stream=tiny_workdir.tokens("dev"), progress=False)
+    xla = [record["xla_flops"] for record in history]
+    analytic = [record["flops"] for record in history]
+    guided_step = (xla[1] - xla[0]) / 2                        # steps 0-1: guided
+    plain_step = (xla[4] - xla[3]) / 2                         # steps 6-7: the dense path is gone
+    assert guided_step > plain_step * 1.05
+    unguided = TransformerConfig(vocab_size=tiny_workdir.vocab_size, ffn="lowrank", ffn_share=0.32, **SMALL)
+    windows = jnp.zeros((2, config.context + 16), jnp.int32)
+    mask = jnp.ones((2, 16), bool)
+    params = unguided.init(jax.random.key(0))
+    compiled = jax.jit(jax.grad(lambda p: window_loss(p, unguided, windows, mask)[0])).lower(params).compile()
+    # the unguided phase's step is a structured model's step (plus the optimizer's update)
+    assert plain_step < accounting.xla_flops(compiled) * 1.5
+    tokens = 2 * 16
+    assert analytic[4] - analytic[3] == pytest.approx(2 * 3 * unguided.forward_flops(16) * tokens)
+    assert analytic[1] - analytic[0] == pytest.approx(2 * 3 * config.step_forward_flops(16, {"guide_alpha": 1}) * tokens)
+    assert all(np.isfinite(record["dev_loss"]) for record in history)
+
+
+def test_factorised_output_factor_from_the_explicit_svd():
+    config = FactorisedConfig(vocab_size=64, rank=16, positions=2, heads=1, radius=4)
+    structured = FactorisedConfig(vocab_size=64, rank=16, positions=2, heads=1, radius=4, output="lowrank",
+                                  output_share=0.5)
+    params = config.init(jax.random.key(0))
+    rank = structure_size("lowrank", 16, 64, 0.5)
+    made = structure_output(params, structured)
+    assert "output_weights" not in made and set(made["output_factors"]) == {"down", "up"}
+    U, S, Vt = np.linalg.svd(np.asarray(params["output_weights"], np.float64), full_matrices=False)
+    truncated = (U[:, :rank] * S[:rank]) @ Vt[:rank]
+    np.testing.assert_allclose(np.asarray(to_dense("lowrank", made["output_factors"])), truncated, atol=1e-5)
+    tokens = jnp.asarray(np.random.default_rng(0).integers(2, 64, (2, 10)), jnp.int32)
+    exact = {**params, "output_weights": jnp.asarray(truncated, jnp.float32)}
+    np.testing.assert_allclose(np.asarray(factorised_logits(made, structured, tokens)),
+                               np.asarray(factorised_logits(exact, config, tokens)), atol=1e-4)
+    assert parameter_count(made) < parameter_count(params)
+    assert structured.forward_flops() < config.forward_flops()
+    assert set(structured.init(jax.random.key(1))) == set(made)
+
+
+@pytest.mark.slow
+def test_cli_trains_a_self_guided_structured_transformer(tiny_workdir, tmp_path):
+    run, metrics = tmp_path / "sg", tmp_path / "m.json"
+    assert main(["train", "--workdir", str(tiny_workdir.path), "--run", str(run), "--init", "random",
+                 "--model", "transformer", "--width", "16", "--layers", "1", "--attention-heads", "2",
+                 "--context", "4", "--max-len", "40", "--ffn", "blockdense", "--ffn-share", "0.5",
+                 "--self-guided", "0.5", "--steps", "4", "--batch-size", "2", "--seq-len", "16", "--quiet",
+                 "--metrics-json", str(metrics)]) == 0
+    figures = json.loads(metrics.read_text())
+    dense = TransformerConfig(vocab_size=tiny_workdir.vocab_size, width=16, layers=1, heads=2, context_tokens=4,
+                              max_len=40)
+    assert figures["params"] < parameter_count_of(dense) and "dev_bpb" in figures
+    assert main(["eval", "--workdir", str(tiny_workdir.path), "--run", str(run), "--quiet",
+                 "--metrics-json", str(metrics)]) == 0
+    assert json.loads(metrics.read_text())["dev_bpb"] == pytest.approx(figures["dev_bpb"])
+
+
+def test_a_residual_over_a_structured_factorised_model_starts_at_zero():
+    from saffu.models.residual import zero_output
+    config = FactorisedConfig(vocab_size=64, rank=16, positions=2, heads=1, radius=4, output="blockshuffle",
+                              output_share=0.5)
+    params = zero_output("factorised", config.init(jax.random.key(0)))
+    tokens = jnp.asarray(np.random.default_rng(0).integers(2, 64, (2, 10)), jnp.int32)
+    assert float(jnp.abs(config.logits(params, tokens)).max()) == 0.0
+    assert float(jnp.abs(params["output_factors"]["first"]).max()) > 0      # gradients can flow
