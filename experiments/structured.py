@@ -42,10 +42,11 @@ KINDS = ("lowrank", "blockdense", "blockshuffle")
 def transformer_specs(args) -> list[dict]:
     specs = []
     for width in args.widths:
-        specs.append({"part": "transformer", "width": width, "ffn": "dense", "share": 1.0, "training": "plain"})
-        for kind in KINDS:
+        if "dense" in args.structures:
+            specs.append({"part": "transformer", "width": width, "ffn": "dense", "share": 1.0, "training": "plain"})
+        for kind in (k for k in KINDS if k in args.structures):
             for share in args.shares:
-                for training in ("plain", "self-guided"):
+                for training in args.trainings:
                     specs.append({"part": "transformer", "width": width, "ffn": kind, "share": share,
                                   "training": training})
     return specs
@@ -60,10 +61,11 @@ def factorised_specs(args) -> list[dict]:
     return specs
 
 
-def name_of(spec: dict) -> str:
+def name_of(spec: dict, seed: int = 0) -> str:
+    suffix = f"_s{seed}" if seed else ""
     if spec["part"] == "transformer":
-        return f"tf_w{spec['width']}_{spec['ffn']}_{spec['share']:g}_{spec['training']}"
-    return f"fac_{spec['output']}_{spec['share']:g}_{spec['init']}"
+        return f"tf_w{spec['width']}_{spec['ffn']}_{spec['share']:g}_{spec['training']}{suffix}"
+    return f"fac_{spec['output']}_{spec['share']:g}_{spec['init']}{suffix}"
 
 
 def _transformer_config(spec: dict, args, vocab_size: int):
@@ -105,7 +107,7 @@ def run_one(spec: dict, args, workdir) -> dict:
             extra["before"] = evaluate_split(params, config, workdir, "dev", args.eval_tokens, progress=False)
         else:
             params = config.init(key)
-    run = args.out / "runs" / name_of(spec)
+    run = args.out / "runs" / name_of(spec, args.seed)
     settings = TrainConfig(steps=args.steps, learning_rate=args.learning_rate, seed=args.seed,
                            eval_every=args.eval_every, eval_windows=args.eval_windows, checkpoint_every=10**9)
     trained, history = train(config, params, workdir.tokens(workdir.train_split), settings, run / "train",
@@ -113,7 +115,8 @@ def run_one(spec: dict, args, workdir) -> dict:
     if getattr(config, "guide_share", 0):
         config, trained = drop_guide(trained, config)
     scores = evaluate_split(trained, config, workdir, "dev", args.eval_tokens, progress=False)
-    result = {**spec, "name": name_of(spec), "params": parameter_count(trained), "steps": args.steps,
+    result = {**spec, "name": name_of(spec, args.seed), "seed": args.seed, "params": parameter_count(trained),
+              "steps": args.steps,
               "solve_seconds": solve_seconds, "history": history, "forward_flops": config.forward_flops(256),
               "tokens_per_s": history[-1]["tokens_per_s"], **extra, **scores}
     if spec["part"] == "transformer":
@@ -187,15 +190,17 @@ def report(out: Path) -> dict:
     rows, lines = [], []
     transformers = [r for r in results if r["part"] == "transformer"]
     if transformers:
-        lines += ["| width | FFN | share | training | params | MLP weights | dev bits/byte | Δ vs dense | "
+        lines += ["| width | FFN | share | training | seed | params | MLP weights | dev bits/byte | Δ vs dense | "
                   "dev loss at end | dense's loss at equal FLOPs | training FLOPs | tokens/s | forward ms / 1k tokens |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for width in sorted({r["width"] for r in transformers}):
             here = [r for r in transformers if r["width"] == width]
-            dense = next((r for r in here if r["ffn"] == "dense"), None)
-            for r in sorted(here, key=lambda r: (r["ffn"] != "dense", r["ffn"], r["share"], r["training"])):
+            for r in sorted(here, key=lambda r: (r["ffn"] != "dense", r["ffn"], r["share"], r["training"],
+                                                 r.get("seed", 0))):
+                dense = next((d for d in here if d["ffn"] == "dense" and d.get("seed", 0) == r.get("seed", 0)), None)
                 end = r["history"][-1]
                 row = {"name": r["name"], "width": width, "ffn": r["ffn"], "share": r["share"], "training": r["training"],
+                       "seed": r.get("seed", 0),
                        "params": r["params"], "mlp_weights": r["mlp_weights"], "dev_bpb": r["dev_bpb"],
                        "dev_loss_end": end["dev_loss"], "flops": end["flops"], "tokens_per_s": r["tokens_per_s"],
                        "forward_ms_per_1k": timing.get(f"model_w{width}_{r['ffn']}_{r['share']:g}")}
@@ -204,7 +209,7 @@ def report(out: Path) -> dict:
                     row["dense_loss_at_equal_flops"] = _interpolate(dense["history"], end["flops"])
                 rows.append(row)
                 fmt = lambda v, f: "—" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, f)
-                lines.append(f"| {width} | {r['ffn']} | {r['share']:.0%} | {r['training']} | {r['params']:,} | "
+                lines.append(f"| {width} | {r['ffn']} | {r['share']:.0%} | {r['training']} | {row['seed']} | {r['params']:,} | "
                              f"{r['mlp_weights']:,} | {r['dev_bpb']:.4f} | {fmt(row.get('delta_bpb'), '+.4f')} | "
                              f"{end['dev_loss']:.4f} | {fmt(row.get('dense_loss_at_equal_flops'), '.4f')} | "
                              f"{end['flops']:.3g} | {r['tokens_per_s']:,.0f} | {fmt(row['forward_ms_per_1k'], '.3f')} |")
@@ -281,6 +286,10 @@ def main(argv=None):
     parser.add_argument("--shares", type=float, nargs="+", default=[0.32, 0.63],
                         help="structured weights as a share of the dense layer's")
     parser.add_argument("--blocks", type=int, default=4, help="blocks of blockdense / blockshuffle")
+    parser.add_argument("--structures", nargs="+", choices=("dense",) + KINDS, default=("dense",) + KINDS,
+                        help="the transformer runs to make (dense is the baseline of its width)")
+    parser.add_argument("--trainings", nargs="+", choices=("plain", "self-guided"), default=("plain", "self-guided"),
+                        help="how the structured transformers train")
     parser.add_argument("--self-guided", type=float, default=0.5, help="share of the steps with the dense guide")
     parser.add_argument("--rank", type=int, default=128, help="rank r of the factorised model")
     parser.add_argument("--steps", type=int, default=150, help="optimizer steps of every run")
@@ -307,7 +316,7 @@ def main(argv=None):
         specs = ((transformer_specs(args) if args.part in ("transformer", "all") else [])
                  + (factorised_specs(args) if args.part in ("factorised", "all") else []))
         for spec in specs:
-            run = args.out / "runs" / name_of(spec)
+            run = args.out / "runs" / name_of(spec, args.seed)
             if (run / "result.json").exists() or _claimed(run / "claimed"):
                 continue
             run.mkdir(parents=True, exist_ok=True)

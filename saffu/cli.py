@@ -384,6 +384,8 @@ def cmd_train(args) -> dict:
     run = Path(args.run)
     existing = (run / "config.json").exists()
     solve_seconds = 0.0
+    if args.ffn_from is not None and (args.init != "random" or args.residual is not None):
+        raise SaffuError("--ffn-from starts a structured transformer of its own (--init random, no --residual)")
     if args.residual is not None or (existing and load_run_config(run).kind == "residual"):
         if args.init != "random":
             raise SaffuError("--residual trains a randomly initialised model over the exact one: use --init random")
@@ -410,6 +412,8 @@ def cmd_train(args) -> dict:
         run.mkdir(parents=True, exist_ok=True)
         save_run_config(run, config, workdir)
         params = config.init(jax.random.fold_in(jax.random.key(args.seed), 0))
+        if args.ffn_from is not None:
+            params = _structured_from(args, workdir, config)
     if config.kind in ("saffu", "factorised"):
         workdir.check_radius(config.radius)  # also for explicit runs made from another work directory
     train_config = configs.TrainConfig(
@@ -477,6 +481,20 @@ def _residual_model(args, workdir, run: Path, existing: bool):
         run.mkdir(parents=True, exist_ok=True)
         save_run_config(run, config, workdir)
     return config, params
+
+
+def _structured_from(args, workdir, config):
+    """``--ffn-from RUN``: every weight of a trained dense transformer run, its MLP kernels
+    turned into ``config``'s structure by SVD (and kept as the guide when self-guided)."""
+    from saffu.models.transformer import structure_mlp
+    from saffu.training.checkpoints import load_params, load_run_config
+    if config.kind != "transformer" or config.ffn == "dense":
+        raise SaffuError("--ffn-from needs a structured transformer: --model transformer --ffn lowrank|blockdense|"
+                         "blockshuffle")
+    source = _check_vocabulary(load_run_config(args.ffn_from), workdir, args.ffn_from)
+    if source.kind != "transformer":
+        raise SaffuError(f"--ffn-from {args.ffn_from} holds a {source.kind}; it must be a dense transformer run")
+    return structure_mlp(load_params(args.ffn_from, source)[0], source, config)
 
 
 def _inherited_transformer(args, workdir, run: Path, existing: bool):
@@ -878,6 +896,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--ffn-share", type=float, default=tf.ffn_share,
                    help="a structured MLP layer's weights as a share of the dense layer's")
     t.add_argument("--ffn-blocks", type=int, default=tf.ffn_blocks, help="blocks of blockdense / blockshuffle")
+    t.add_argument("--ffn-from", type=Path, metavar="RUN",
+                   help="start the structured transformer from this trained dense transformer run: all of its "
+                        "weights, the MLP kernels as their SVD (trained-SVD init; the guide when self-guided)")
     t.add_argument("--self-guided", type=float, default=tf.guide_share, metavar="SHARE",
                    help="self-guided training of a structured MLP: a dense guide's weight falls from 1 to 0 on "
                         "a cosine over this share of the steps, then the dense path is dropped (0: none)")

@@ -233,11 +233,12 @@ def test_factorised_output_factor_from_the_explicit_svd():
 
 @pytest.mark.slow
 def test_cli_trains_a_self_guided_structured_transformer(tiny_workdir, tmp_path):
-    run, metrics = tmp_path / "sg", tmp_path / "m.json"
-    assert main(["train", "--workdir", str(tiny_workdir.path), "--run", str(run), "--init", "random",
-                 "--model", "transformer", "--width", "16", "--layers", "1", "--attention-heads", "2",
-                 "--context", "4", "--max-len", "40", "--ffn", "blockdense", "--ffn-share", "0.5",
-                 "--self-guided", "0.5", "--steps", "4", "--batch-size", "2", "--seq-len", "16", "--quiet",
+    run, metrics, dense_run = tmp_path / "sg", tmp_path / "m.json", tmp_path / "dense"
+    shape = ["--init", "random", "--model", "transformer", "--width", "16", "--layers", "1", "--attention-heads", "2",
+             "--context", "4", "--max-len", "40", "--steps", "4", "--batch-size", "2", "--seq-len", "16", "--quiet"]
+    assert main(["train", "--workdir", str(tiny_workdir.path), "--run", str(dense_run), *shape]) == 0
+    assert main(["train", "--workdir", str(tiny_workdir.path), "--run", str(run), *shape, "--ffn", "blockdense",
+                 "--ffn-share", "0.5", "--self-guided", "0.5", "--ffn-from", str(dense_run),
                  "--metrics-json", str(metrics)]) == 0
     figures = json.loads(metrics.read_text())
     dense = TransformerConfig(vocab_size=tiny_workdir.vocab_size, width=16, layers=1, heads=2, context_tokens=4,
@@ -256,3 +257,25 @@ def test_a_residual_over_a_structured_factorised_model_starts_at_zero():
     tokens = jnp.asarray(np.random.default_rng(0).integers(2, 64, (2, 10)), jnp.int32)
     assert float(jnp.abs(config.logits(params, tokens)).max()) == 0.0
     assert float(jnp.abs(params["output_factors"]["first"]).max()) > 0      # gradients can flow
+
+
+def test_a_structured_transformer_from_a_trained_dense_one():
+    """Every weight copied; each MLP kernel becomes its SVD, kept as the guide: at α = 1 the
+    model is the dense one, without α it is the dense one with rank-truncated MLP kernels."""
+    from saffu.models.transformer import structure_mlp
+    dense_config = TransformerConfig(vocab_size=40, **SMALL)
+    dense = dense_config.init(jax.random.key(3))
+    config = TransformerConfig(vocab_size=40, ffn="lowrank", ffn_share=0.5, guide_share=0.5, **SMALL)
+    params = structure_mlp(dense, dense_config, config)
+    assert jax.tree.structure(params) == jax.tree.structure(config.init(jax.random.key(0)))
+    tokens = jnp.asarray(np.random.default_rng(2).integers(2, 40, (2, 12)), jnp.int32)
+    np.testing.assert_allclose(np.asarray(config.logits({**params, "guide_alpha": np.float32(1)}, tokens)),
+                               np.asarray(dense_config.logits(dense, tokens)), atol=1e-5)
+    truncated = jax.tree.map(jnp.array, dense)
+    for index, block in truncated["blocks"].items():
+        for name in ("mlp_in", "mlp_out"):
+            block[name]["kernel"] = to_dense("lowrank", {k: params["blocks"][index][name][k] for k in ("down", "up")})
+    np.testing.assert_allclose(np.asarray(config.logits(params, tokens)),
+                               np.asarray(dense_config.logits(truncated, tokens)), atol=1e-5)
+    with pytest.raises(SaffuError, match="same width"):
+        structure_mlp(dense, dense_config, TransformerConfig(vocab_size=40, ffn="lowrank", **{**SMALL, "layers": 1}))

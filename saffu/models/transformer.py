@@ -28,7 +28,7 @@ from flax import nnx
 from saffu._io import SaffuError
 from saffu.configs import EXPLICIT_PIECES, TransformerConfig
 from saffu.data.tokenizer import EOD_ID
-from saffu.models.structured import StructuredLinear
+from saffu.models.structured import StructuredLinear, from_dense, structure_size
 
 
 Params = dict[str, Any]
@@ -228,3 +228,27 @@ def grow_layer(params: Params, config: TransformerConfig, reference: Params,
                          f"inherit block {k} from it")
     grown = {**params, "blocks": {**params["blocks"], k: jax.tree.map(jnp.array, reference["blocks"][k])}}
     return dataclasses.replace(config, layers=k + 1), grown
+
+
+def structure_mlp(dense_params: Params, dense_config: TransformerConfig, config: TransformerConfig) -> Params:
+    """A structured-MLP transformer ``config`` started from a (trained) dense one: every weight of
+    ``dense_params`` copied, each MLP layer's factors the SVD of its dense kernel
+    (:func:`saffu.models.structured.from_dense`: trained-SVD init) and, self-guided, that kernel
+    as the dense guide. The two configs may differ in their MLP structure only."""
+    if config.ffn == "dense":
+        raise SaffuError("structure_mlp makes a structured MLP: give a config with --ffn lowrank, blockdense "
+                         "or blockshuffle")
+    if dense_config.ffn != "dense" or dataclasses.replace(
+            dense_config, ffn=config.ffn, ffn_share=config.ffn_share, ffn_blocks=config.ffn_blocks,
+            guide_share=config.guide_share) != config:
+        raise SaffuError("the MLP source must be a dense transformer with the same width, layers, heads, "
+                         "vocabulary and lengths as the structured one")
+    params = jax.tree.map(jnp.array, dense_params)
+    for block in params["blocks"].values():
+        for name in ("mlp_in", "mlp_out"):
+            kernel, bias = block[name]["kernel"], block[name]["bias"]
+            size = structure_size(config.ffn, *kernel.shape, config.ffn_share, config.ffn_blocks)
+            block[name] = {**from_dense(config.ffn, kernel, size, config.ffn_blocks), "bias": bias}
+            if config.guide_share:
+                block[name]["guide"] = kernel
+    return params
