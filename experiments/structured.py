@@ -138,7 +138,7 @@ def _time(function, *inputs, repeats: int = 15) -> float:
 
 
 def latency(args, vocab_size: int) -> dict:
-    """Forward seconds per 1,000 tokens of every transformer variant (random init) and of one
+    """Forward microseconds per token of every transformer variant (random init) and of one
     MLP (both layers) at ``--latency-width``, all timed here, side by side."""
     import jax
     import jax.numpy as jnp
@@ -155,7 +155,7 @@ def latency(args, vocab_size: int) -> dict:
         config = _transformer_config(spec, args, vocab_size)
         params = config.init(jax.random.key(0))
         forward = jax.jit(lambda p, t, c=config: c.logits(p, t))
-        out[f"model_w{spec['width']}_{spec['ffn']}_{spec['share']:g}"] = 1000 * _time(forward, params, tokens) / tokens.size
+        out[f"model_w{spec['width']}_{spec['ffn']}_{spec['share']:g}"] = 1e6 * _time(forward, params, tokens) / tokens.size
     d = args.latency_width
     x = jnp.asarray(np.random.default_rng(1).normal(size=(args.latency_batch * 256, d)), jnp.float32)
     for kind in ("dense",) + KINDS:
@@ -169,7 +169,7 @@ def latency(args, vocab_size: int) -> dict:
                 mlp_in, mlp_out = nnx.merge(graphdef, state)
                 return mlp_out(jax.nn.gelu(mlp_in(x)))
 
-            out[f"mlp_w{d}_{kind}_{share:g}"] = 1000 * _time(jax.jit(mlp), state, x) / x.shape[0]
+            out[f"mlp_w{d}_{kind}_{share:g}"] = 1e6 * _time(jax.jit(mlp), state, x) / x.shape[0]
     return out
 
 
@@ -191,7 +191,7 @@ def report(out: Path) -> dict:
     transformers = [r for r in results if r["part"] == "transformer"]
     if transformers:
         lines += ["| width | FFN | share | training | seed | params | MLP weights | dev bits/byte | Δ vs dense | "
-                  "dev loss at end | dense's loss at equal FLOPs | training FLOPs | tokens/s | forward ms / 1k tokens |",
+                  "dev loss at end | dense's loss at equal FLOPs | training FLOPs | tokens/s | forward µs / token |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for width in sorted({r["width"] for r in transformers}):
             here = [r for r in transformers if r["width"] == width]
@@ -203,7 +203,7 @@ def report(out: Path) -> dict:
                        "seed": r.get("seed", 0),
                        "params": r["params"], "mlp_weights": r["mlp_weights"], "dev_bpb": r["dev_bpb"],
                        "dev_loss_end": end["dev_loss"], "flops": end["flops"], "tokens_per_s": r["tokens_per_s"],
-                       "forward_ms_per_1k": timing.get(f"model_w{width}_{r['ffn']}_{r['share']:g}")}
+                       "forward_us_per_token": timing.get(f"model_w{width}_{r['ffn']}_{r['share']:g}")}
                 if dense is not None:
                     row["delta_bpb"] = r["dev_bpb"] - dense["dev_bpb"]
                     row["dense_loss_at_equal_flops"] = _interpolate(dense["history"], end["flops"])
@@ -212,13 +212,13 @@ def report(out: Path) -> dict:
                 lines.append(f"| {width} | {r['ffn']} | {r['share']:.0%} | {r['training']} | {row['seed']} | {r['params']:,} | "
                              f"{r['mlp_weights']:,} | {r['dev_bpb']:.4f} | {fmt(row.get('delta_bpb'), '+.4f')} | "
                              f"{end['dev_loss']:.4f} | {fmt(row.get('dense_loss_at_equal_flops'), '.4f')} | "
-                             f"{end['flops']:.3g} | {r['tokens_per_s']:,.0f} | {fmt(row['forward_ms_per_1k'], '.3f')} |")
+                             f"{end['flops']:.3g} | {r['tokens_per_s']:,.0f} | {fmt(row['forward_us_per_token'], '.1f')} |")
     mlp = {k: v for k, v in timing.items() if k.startswith("mlp_")}
     if mlp:
         dense_key = next(k for k in mlp if "_dense_" in k)
-        lines += ["", "| one MLP alone | forward ms / 1k tokens | against dense |", "|---|---|---|"]
+        lines += ["", "| one MLP alone (both layers) | forward µs / token | against dense |", "|---|---|---|"]
         for k, v in mlp.items():
-            lines.append(f"| {k[4:]} | {v:.4f} | {v / mlp[dense_key]:.2f}× |")
+            lines.append(f"| {k[4:]} | {v:.2f} | {v / mlp[dense_key]:.2f}× |")
     factorised = [r for r in results if r["part"] == "factorised"]
     if factorised:
         lines += ["", "| factorised model, output factor B | share | init | params | dev bits/byte before training | "
@@ -234,8 +234,9 @@ def report(out: Path) -> dict:
     table = "\n".join(lines)
     (out / "report.md").write_text(table + "\n")
     (out / "report.json").write_text(json.dumps({"rows": rows, "latency": timing}, indent=1))
-    if transformers:
-        _plot(transformers, out / "structured.png")
+    if transformers:      # one seed in the figure (seed 0 where there is one)
+        first = min(r.get("seed", 0) for r in transformers)
+        _plot([r for r in transformers if r.get("seed", 0) == first], out / "structured.png")
     print(table)
     return {"rows": rows, "latency": timing}
 
@@ -260,7 +261,7 @@ def _plot(results: list[dict], path: Path) -> None:
         axis.set_title(f"width {width}")
         axis.grid(alpha=0.3)
     axes[0][-1].legend(fontsize=7)
-    figure.suptitle("transformer MLPs: dense against structured layers (solid: plain, dashed: self-guided)")
+    figure.suptitle("transformer MLPs: dense against structured layers (solid: plain, dashed: self-guided; one seed)")
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
