@@ -26,7 +26,7 @@ $(TESTS): pyproject.toml | $(VENV)/bin/pip
 demo: $(BASE)
 	$(VENV)/bin/saffu demo --workdir runs/demo --metrics-json runs/demo/metrics.json
 
-# the fast suite (about 4 minutes here); the slow one runs the real corpus, the notebooks and long CLI runs
+# the fast suite (about 5 minutes here); the slow one runs the real corpus, the notebooks and long CLI runs
 test: $(TESTS)
 	$(VENV)/bin/python -m pytest -q -m "not slow"
 
