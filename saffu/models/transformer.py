@@ -56,9 +56,8 @@ class Block(nnx.Module):
     def __call__(self, x: jax.Array, mask: jax.Array, sow_weights: bool = False,
                  alpha: jax.Array | None = None) -> jax.Array:
         x = x + self.attention(self.attention_norm(x), mask=mask, sow_weights=sow_weights)
-        if alpha is None:       # dense, structured, or self-guided once the guide is gone
-            return x + self.mlp_out(jax.nn.gelu(self.mlp_in(self.mlp_norm(x))))
-        return x + self.mlp_out(jax.nn.gelu(self.mlp_in(self.mlp_norm(x), alpha)), alpha)
+        guide = () if alpha is None else (alpha,)     # none: dense, structured, or the guide is gone
+        return x + self.mlp_out(jax.nn.gelu(self.mlp_in(self.mlp_norm(x), *guide)), *guide)
 
 
 class Transformer(nnx.Module):
