@@ -71,13 +71,13 @@ def name_of(spec: dict, seed: int = 0) -> str:
 def _transformer_config(spec: dict, args, vocab_size: int):
     from saffu.configs import TransformerConfig
     return TransformerConfig(vocab_size, width=spec["width"], layers=args.layers, ffn=spec["ffn"],
-                             ffn_share=min(spec["share"], 1.0), ffn_blocks=args.blocks,
+                             ffn_share=spec["share"], ffn_blocks=args.blocks,
                              guide_share=args.self_guided if spec["training"] == "self-guided" else 0.0)
 
 
 def _factorised_config(spec: dict, args, vocab_size: int):
     from saffu.configs import FactorisedConfig
-    return FactorisedConfig(vocab_size, rank=args.rank, output=spec["output"], output_share=min(spec["share"], 1.0),
+    return FactorisedConfig(vocab_size, rank=args.rank, output=spec["output"], output_share=spec["share"],
                             output_blocks=args.blocks)
 
 
@@ -160,7 +160,7 @@ def latency(args, vocab_size: int) -> dict:
     x = jnp.asarray(np.random.default_rng(1).normal(size=(args.latency_batch * 256, d)), jnp.float32)
     for kind in ("dense",) + KINDS:
         for share in ([1.0] if kind == "dense" else args.shares):
-            config = TransformerConfig(vocab_size, width=d, layers=1, heads=4, ffn=kind, ffn_share=min(share, 1.0),
+            config = TransformerConfig(vocab_size, width=d, layers=1, heads=4, ffn=kind, ffn_share=share,
                                        ffn_blocks=args.blocks)
             block = Block(config, rngs=nnx.Rngs(0))
             graphdef, state = nnx.split((block.mlp_in, block.mlp_out))

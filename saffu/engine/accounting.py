@@ -91,8 +91,12 @@ def device_peak_mb() -> float | None:
     return stats["peak_bytes_in_use"] / 2**20
 
 
-def training_flops(config: Any, tokens: int, seq_len: int) -> float:
-    """Analytic training FLOPs for ``tokens`` predicted tokens: 3 × forward (forward + backward)."""
+def training_flops(config: Any, tokens: int, seq_len: int, inputs: dict | None = None) -> float:
+    """Analytic training FLOPs for ``tokens`` predicted tokens: 3 × forward (forward + backward).
+    With a step's ``inputs`` (a model's ``step_inputs``), the forward count of that step
+    (``config.step_forward_flops``, e.g. with self-guided training's dense guide)."""
+    if inputs and hasattr(config, "step_forward_flops"):
+        return 3.0 * config.step_forward_flops(seq_len, inputs) * tokens
     return 3.0 * config.forward_flops(seq_len) * tokens
 
 

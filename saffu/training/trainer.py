@@ -293,16 +293,19 @@ def train(model: Model, params: Params, train_stream: np.ndarray, config: TrainC
         if key not in phases:
             compiled = train_step.lower(params, opt_state, stats, jnp.asarray(step), *batch,
                                         {**fixed, **put_inputs(inputs)}).compile()
-            forward = (model.step_forward_flops(config.seq_len, inputs) if hasattr(model, "step_forward_flops")
-                       else model.forward_flops(config.seq_len))
-            phases[key] = (compiled, 3.0 * forward * tokens_per_step, accounting.xla_flops(compiled))
+            phases[key] = (compiled, accounting.training_flops(model, tokens_per_step, config.seq_len, inputs),
+                           accounting.xla_flops(compiled))
         return (*phases[key], inputs)
 
     flops_done, xla_done = 0.0, 0.0
-    for earlier in range(start):         # a resumed run: the FLOPs of the steps before it
-        _, step_flops, step_xla_flops, _ = phase(earlier)
+
+    def count(step_flops: float, step_xla_flops: float | None) -> None:
+        nonlocal flops_done, xla_done
         flops_done += step_flops
         xla_done = None if xla_done is None or step_xla_flops is None else xla_done + step_xla_flops
+
+    for earlier in range(start):         # a resumed run: the FLOPs of the steps before it
+        count(*phase(earlier)[1:3])
     meter = _Meter(seconds)
     history: list[dict] = []
 
@@ -332,8 +335,7 @@ def train(model: Model, params: Params, train_stream: np.ndarray, config: TrainC
         compiled_step, step_flops, step_xla_flops, inputs = phase(step)
         params, opt_state, stats = compiled_step(params, opt_state, stats, jnp.asarray(step), *batch,
                                                  {**fixed, **put_inputs(inputs)})
-        flops_done += step_flops
-        xla_done = None if xla_done is None or step_xla_flops is None else xla_done + step_xla_flops
+        count(step_flops, step_xla_flops)
         done = step + 1
         if done < steps:      # prefetch: the next batch goes to the device while this step runs
             batch = put_batch(schedule(done))
