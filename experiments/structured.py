@@ -14,13 +14,23 @@ its output factor ``B`` (``r × V``, its largest matrix) structured at ``--share
 the explicit ``B`` by SVD (``explicit``: explicit-SVD), against the same structure set from the
 SVD of a random ``B`` next to the explicit embeddings (``explicit-embeddings``: random-SVD ``B``)
 or next to random embeddings (``random``: the cold start), and against the dense model
-(explicit and random); dev loss before and after ``--steps`` of training.
+(explicit and random); and the explicit-SVD ``B`` trained self-guided with the explicit dense
+``B`` as its guide (``explicit-guided``: step 0 is the dense explicit model, the guide's weight
+falls to 0 over ``--self-guided`` of the steps); dev loss before and after ``--steps`` of training.
+
+Part 3, SAFFU's own dense layers: the chain (``--hidden K``, one block) with ``W_1`` and ``W_2``
+dense, or each structured at ``--shares[0]`` — explicit (the SVD of the explicit layers,
+calibrated first: a closed-form structured init) and random (the SVD of random layers); dev
+loss before and after ``--steps`` (``--chain-learning-rate``). ``--part all`` leaves it out
+(the chain's solve streams dense windows: run it on a subset, ``--workdir`` of
+``subset_workdir``).
 
 Finished runs are skipped on a rerun, so one process per core can share ``--out``;
 ``--report`` gathers them into ``report.md``, ``report.json`` and ``structured.png``.
 
     python experiments/structured.py --workdir runs/babylm --out runs/structured --part transformer
     python experiments/structured.py --workdir runs/babylm --out runs/structured --part factorised
+    python experiments/structured.py --workdir runs/deep_saffu/data --out runs/structured --part chain
     python experiments/structured.py --workdir runs/babylm --out runs/structured --report
 """
 
@@ -56,8 +66,19 @@ def factorised_specs(args) -> list[dict]:
     specs = [{"part": "factorised", "output": "dense", "share": 1.0, "init": "explicit"},
              {"part": "factorised", "output": "dense", "share": 1.0, "init": "random"}]
     for kind in ("lowrank", "blockdense"):
-        for init in ("explicit", "explicit-embeddings", "random"):
+        for init in ("explicit", "explicit-embeddings", "random", "explicit-guided"):
             specs.append({"part": "factorised", "output": kind, "share": args.shares[0], "init": init})
+    return specs
+
+
+def chain_specs(args) -> list[dict]:
+    """The SAFFU chain (``--hidden K``): dense and each of lowrank / blockdense at ``--shares[0]``,
+    explicit (structured: the SVD of the explicit layers) and random."""
+    specs = []
+    for kind in ("dense", "lowrank", "blockdense"):
+        for init in ("explicit", "random"):
+            specs.append({"part": "chain", "output": kind, "share": 1.0 if kind == "dense" else args.shares[0],
+                          "init": init})
     return specs
 
 
@@ -65,7 +86,8 @@ def name_of(spec: dict, seed: int = 0) -> str:
     suffix = f"_s{seed}" if seed else ""
     if spec["part"] == "transformer":
         return f"tf_w{spec['width']}_{spec['ffn']}_{spec['share']:g}_{spec['training']}{suffix}"
-    return f"fac_{spec['output']}_{spec['share']:g}_{spec['init']}{suffix}"
+    prefix = "fac" if spec["part"] == "factorised" else "chain"
+    return f"{prefix}_{spec['output']}_{spec['share']:g}_{spec['init']}{suffix}"
 
 
 def _transformer_config(spec: dict, args, vocab_size: int):
@@ -78,7 +100,14 @@ def _transformer_config(spec: dict, args, vocab_size: int):
 def _factorised_config(spec: dict, args, vocab_size: int):
     from saffu.configs import FactorisedConfig
     return FactorisedConfig(vocab_size, rank=args.rank, output=spec["output"], output_share=spec["share"],
-                            output_blocks=args.blocks)
+                            output_blocks=args.blocks,
+                            guide_share=args.self_guided if spec["init"] == "explicit-guided" else 0.0)
+
+
+def _chain_config(spec: dict, args, vocab_size: int):
+    from saffu.configs import SaffuConfig
+    return SaffuConfig(vocab_size, bits=args.chain_bits, hidden=args.chain_bits + 1, chain=spec["output"],
+                       chain_share=spec["share"], chain_blocks=args.chain_blocks)
 
 
 def run_one(spec: dict, args, workdir) -> dict:
@@ -87,6 +116,7 @@ def run_one(spec: dict, args, workdir) -> dict:
     from saffu.configs import TrainConfig
     from saffu.eval.scoring import evaluate_split
     from saffu.models.interface import parameter_count
+    from saffu.models.factorised import drop_output_guide
     from saffu.models.transformer import drop_guide
     from saffu.solve.factors import solve_factorised
     from saffu.training.trainer import train
@@ -96,6 +126,16 @@ def run_one(spec: dict, args, workdir) -> dict:
     if spec["part"] == "transformer":
         config = _transformer_config(spec, args, workdir.vocab_size)
         params = config.init(key)
+    elif spec["part"] == "chain":
+        config = _chain_config(spec, args, workdir.vocab_size)
+        if spec["init"] == "explicit":
+            from saffu.solve.saffu import solve_explicit
+            tick = time.perf_counter()
+            params, _ = solve_explicit(workdir, config, progress=False)
+            solve_seconds = time.perf_counter() - tick
+            extra["before"] = evaluate_split(params, config, workdir, "dev", args.eval_tokens, progress=False)
+        else:
+            params = config.init(key)
     else:
         config = _factorised_config(spec, args, workdir.vocab_size)
         if spec["init"] != "random":
@@ -108,12 +148,13 @@ def run_one(spec: dict, args, workdir) -> dict:
         else:
             params = config.init(key)
     run = args.out / "runs" / name_of(spec, args.seed)
-    settings = TrainConfig(steps=args.steps, learning_rate=args.learning_rate, seed=args.seed,
+    settings = TrainConfig(steps=args.steps, learning_rate=args.chain_learning_rate if spec["part"] == "chain"
+                           else args.learning_rate, seed=args.seed,
                            eval_every=args.eval_every, eval_windows=args.eval_windows, checkpoint_every=10**9)
     trained, history = train(config, params, workdir.tokens(workdir.train_split), settings, run / "train",
                              dev_stream=workdir.tokens("dev"), progress=False)
     if getattr(config, "guide_share", 0):
-        config, trained = drop_guide(trained, config)
+        config, trained = (drop_guide if spec["part"] == "transformer" else drop_output_guide)(trained, config)
     scores = evaluate_split(trained, config, workdir, "dev", args.eval_tokens, progress=False)
     result = {**spec, "name": name_of(spec, args.seed), "seed": args.seed, "params": parameter_count(trained),
               "steps": args.steps,
@@ -123,6 +164,24 @@ def run_one(spec: dict, args, workdir) -> dict:
         result["mlp_weights"] = config.mlp_weights * config.layers
     (run / "result.json").write_text(json.dumps(result))
     return result
+
+
+def _before_after(results: list[dict], rows: list[dict], part: str, title: str, inits: dict) -> list[str]:
+    """Table lines of ``part``'s runs (dev bits/byte before and after training; dense first),
+    their rows appended to ``rows``."""
+    runs = [r for r in results if r["part"] == part]
+    if not runs:
+        return []
+    lines = ["", f"| {title} | share | init | params | dev bits/byte before training | after {runs[0]['steps']} steps |",
+             "|---|---|---|---|---|---|"]
+    for r in sorted(runs, key=lambda r: (r["output"] != "dense", r["output"], r["init"])):
+        before = r.get("before", {}).get("dev_bpb")
+        rows.append({"name": r["name"], "output": r["output"], "share": r["share"], "init": r["init"],
+                     "params": r["params"], "dev_bpb_before": before, "dev_bpb": r["dev_bpb"]})
+        init = inits[r["init"]] if r["output"] != "dense" else r["init"]
+        lines.append(f"| {r['output']} | {r['share']:.0%} | {init} | {r['params']:,} | "
+                     f"{'—' if before is None else format(before, '.4f')} | {r['dev_bpb']:.4f} |")
+    return lines
 
 
 def _time(function, *inputs, repeats: int = 15) -> float:
@@ -219,18 +278,13 @@ def report(out: Path) -> dict:
         lines += ["", "| one MLP alone (both layers) | forward µs / token | against dense |", "|---|---|---|"]
         for k, v in mlp.items():
             lines.append(f"| {k[4:]} | {v:.2f} | {v / mlp[dense_key]:.2f}× |")
-    factorised = [r for r in results if r["part"] == "factorised"]
-    if factorised:
-        lines += ["", "| factorised model, output factor B | share | init | params | dev bits/byte before training | "
-                  f"after {factorised[0]['steps']} steps |", "|---|---|---|---|---|---|"]
-        for r in sorted(factorised, key=lambda r: (r["output"] != "dense", r["output"], r["init"])):
-            before = r.get("before", {}).get("dev_bpb")
-            rows.append({"name": r["name"], "output": r["output"], "share": r["share"], "init": r["init"],
-                         "params": r["params"], "dev_bpb_before": before, "dev_bpb": r["dev_bpb"]})
-            init = {"explicit": "explicit (B: explicit-SVD)", "explicit-embeddings": "explicit E, random-SVD B",
-                    "random": "random (B: random-SVD)"}[r["init"]] if r["output"] != "dense" else r["init"]
-            lines.append(f"| {r['output']} | {r['share']:.0%} | {init} | "
-                         f"{r['params']:,} | {'—' if before is None else format(before, '.4f')} | {r['dev_bpb']:.4f} |")
+    for part, title, inits in (
+            ("factorised", "factorised model, output factor B",
+             {"explicit": "explicit (B: explicit-SVD)", "explicit-embeddings": "explicit E, random-SVD B",
+              "random": "random (B: random-SVD)", "explicit-guided": "explicit-SVD B, self-guided by the explicit dense B"}),
+            ("chain", "SAFFU chain (W_1, W_2)",
+             {"explicit": "explicit (structured: explicit-SVD)", "random": "random (structured: random-SVD)"})):
+        lines += _before_after(results, rows, part, title, inits)
     table = "\n".join(lines)
     (out / "report.md").write_text(table + "\n")
     (out / "report.json").write_text(json.dumps({"rows": rows, "latency": timing}, indent=1))
@@ -281,7 +335,7 @@ def main(argv=None):
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--workdir", type=Path, help="a prepared work directory (not needed for --report)")
     parser.add_argument("--out", type=Path, default=Path("runs/structured"), help="runs and the report go here")
-    parser.add_argument("--part", choices=["transformer", "factorised", "latency", "all"], default="all")
+    parser.add_argument("--part", choices=["transformer", "factorised", "chain", "latency", "all"], default="all")
     parser.add_argument("--widths", type=int, nargs="+", default=[64, 128], help="transformer widths")
     parser.add_argument("--layers", type=int, default=2, help="transformer blocks")
     parser.add_argument("--shares", type=float, nargs="+", default=[0.32, 0.63],
@@ -293,6 +347,9 @@ def main(argv=None):
                         help="how the structured transformers train")
     parser.add_argument("--self-guided", type=float, default=0.5, help="share of the steps with the dense guide")
     parser.add_argument("--rank", type=int, default=128, help="rank r of the factorised model")
+    parser.add_argument("--chain-bits", type=int, default=128, help="cipher bits b of the SAFFU chain (D = b + 1)")
+    parser.add_argument("--chain-blocks", type=int, default=3, help="blocks of a blockdense chain layer (K = 129 = 3 · 43)")
+    parser.add_argument("--chain-learning-rate", type=float, default=0.003, help="peak learning rate of the chain runs")
     parser.add_argument("--steps", type=int, default=150, help="optimizer steps of every run")
     parser.add_argument("--learning-rate", type=float, default=0.01, help="peak learning rate (every run)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the data order and the random init")
@@ -315,7 +372,8 @@ def main(argv=None):
         if args.part in ("latency", "all"):
             (args.out / "latency.json").write_text(json.dumps(latency(args, workdir.vocab_size), indent=1))
         specs = ((transformer_specs(args) if args.part in ("transformer", "all") else [])
-                 + (factorised_specs(args) if args.part in ("factorised", "all") else []))
+                 + (factorised_specs(args) if args.part in ("factorised", "all") else [])
+                 + (chain_specs(args) if args.part == "chain" else []))
         for spec in specs:
             run = args.out / "runs" / name_of(spec, args.seed)
             if (run / "result.json").exists() or _claimed(run / "claimed"):

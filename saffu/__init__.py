@@ -47,10 +47,10 @@ _EXPORTS = {
     "saffu.ngram.kneser_ney": ["KneserNeyModel", "fit_kneser_ney"],
     "saffu.ngram.arpa": ["read_arpa", "write_arpa"],
     "saffu.models.interface": ["parameter_count", "window_loss", "window_nll"],
-    "saffu.models.saffu": ["Saffu", "init_params", "saffu_logits"],
+    "saffu.models.saffu": ["Saffu", "grow_block", "inherit_blocks", "init_params", "saffu_logits", "structure_chain"],
     "saffu.models.bigram": ["bigram_nll", "random_bigram"],
     "saffu.models.exact": ["exact_logits"],
-    "saffu.models.factorised": ["factorised_logits", "structure_output"],
+    "saffu.models.factorised": ["drop_output_guide", "factorised_logits", "structure_output"],
     "saffu.models.structured": ["StructuredLinear", "apply_structure", "from_dense", "structure_size", "to_dense"],
     "saffu.models.transformer": ["Transformer", "drop_guide", "explicit_transformer_init", "grow_layer",
                                  "inherit_layers"],
@@ -63,7 +63,8 @@ _EXPORTS = {
     "saffu.training.checkpoints": ["load_explicit", "load_params", "save_explicit"],
     "saffu.eval.metrics": ["language_model_metrics", "pair_counts", "split_metrics"],
     "saffu.eval.scoring": ["evaluate_split", "generate"],
-    "saffu.eval.attention": ["attention_profile", "effective_rank", "inspect_attention", "mean_attention"],
+    "saffu.eval.attention": ["attention_profile", "effective_rank", "inspect_attention", "mean_attention",
+                             "offset_profile"],
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 

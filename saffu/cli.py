@@ -10,6 +10,7 @@ runs, so ``saffu --help`` answers at once.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import shutil
@@ -251,13 +252,15 @@ def _model_config(args, vocab_size: int):
         return _factorised_config(args, vocab_size)
     return configs.SaffuConfig(vocab_size=vocab_size, bits=args.bits, radius=args.radius, heads=args.heads,
                                positions=args.positions, hidden=args.hidden, value_form=args.value_form,
-                               blocks=args.blocks, exact_positions=tuple(args.exact_positions))
+                               blocks=args.blocks, exact_positions=tuple(args.exact_positions),
+                               chain=args.chain_structure, chain_share=args.chain_share, chain_blocks=args.chain_blocks)
 
 
 def _factorised_config(args, vocab_size: int):
     return configs.FactorisedConfig(vocab_size=vocab_size, rank=args.rank, positions=args.positions,
                                     radius=args.radius, heads=args.heads, output=args.output_structure,
-                                    output_share=args.output_share, output_blocks=args.output_blocks)
+                                    output_share=args.output_share, output_blocks=args.output_blocks,
+                                    guide_share=args.output_guided)
 
 
 def _add_output_structure_flags(parser) -> None:
@@ -269,6 +272,10 @@ def _add_output_structure_flags(parser) -> None:
                         help="a structured B's weights as a share of the dense r × V")
     parser.add_argument("--output-blocks", type=int, default=f.output_blocks,
                         help="blocks of a blockdense / blockshuffle B")
+    parser.add_argument("--output-guided", type=float, default=f.guide_share, metavar="SHARE",
+                        help="self-guided training of a structured B: the dense B it was set from (explicit, or "
+                             "random) is mixed in with a weight falling from 1 to 0 on a cosine over this share of "
+                             "the steps, then dropped (0: none)")
 
 
 def _score_splits(params, config, workdir, args, splits=None) -> dict:
@@ -391,7 +398,7 @@ def cmd_train(args) -> dict:
             raise SaffuError("--residual trains a randomly initialised model over the exact one: use --init random")
         config, params = _residual_model(args, workdir, run, existing)
     elif args.init == "inherit":
-        config, params = _inherited_transformer(args, workdir, run, existing)
+        config, params = _inherited(args, workdir, run, existing)
     elif args.init == "explicit" and (args.model == "transformer" or
                                       (existing and load_run_config(run).kind == "transformer")):
         config, params, solve_seconds = _explicit_transformer(args, workdir, run, existing)
@@ -436,8 +443,9 @@ def cmd_train(args) -> dict:
     params, history = train(config, params, train_stream, train_config, run,
                             dev_stream=dev, on_eval=show, progress=not args.quiet, mesh=mesh)
     if getattr(config, "guide_share", 0):      # self-guided: the dense guide is gone by the end
+        from saffu.models.factorised import drop_output_guide
         from saffu.models.transformer import drop_guide
-        config, params = drop_guide(params, config)
+        config, params = (drop_guide if config.kind == "transformer" else drop_output_guide)(params, config)
     metrics = {"model": config.kind, "init": args.init, "params": parameter_count(params),
                "steps": history[-1]["step"] if history else (resumed or 0)}
     if config.kind == "residual":
@@ -497,31 +505,56 @@ def _structured_from(args, workdir, config):
     return structure_mlp(load_params(args.ffn_from, source)[0], source, config)
 
 
-def _inherited_transformer(args, workdir, run: Path, existing: bool):
-    """``(TransformerConfig, params)`` of ``--init inherit``: the first ``--inherit-layers`` blocks
-    of ``--reference`` (with its embeddings, positions, final norm and output layer), or
-    ``--start-from``'s weights grown by the reference's next blocks."""
-    from saffu.models.transformer import grow_layer, inherit_layers
+def _inherited(args, workdir, run: Path, existing: bool):
+    """``(config, params)`` of ``--init inherit``: the first ``--inherit-layers`` blocks of
+    ``--reference`` (a transformer: with its embeddings, positions, final norm and output layer;
+    a SAFFU stack: its first blocks, each with its own output layer), or ``--start-from``'s
+    weights grown block by block (``--grow-by reference``: the reference's next blocks;
+    ``solve``: SAFFU blocks solved explicitly on top of the trained stack)."""
+    from saffu.models import saffu as saffu_model
+    from saffu.models import transformer
     from saffu.training.checkpoints import load_params, load_run_config, save_run_config
     if args.reference is None:
-        raise SaffuError("--init inherit needs --reference RUN, a trained transformer run")
+        raise SaffuError("--init inherit needs --reference RUN, a trained transformer or SAFFU run")
     reference = _check_vocabulary(load_run_config(args.reference), workdir, args.reference)
-    if reference.kind != "transformer":
-        raise SaffuError(f"--reference {args.reference} holds a {reference.kind}; Inheritune takes a transformer")
+    if reference.kind not in ("transformer", "saffu"):
+        raise SaffuError(f"--reference {args.reference} holds a {reference.kind}; Inheritune takes a transformer "
+                         f"or a SAFFU stack")
+    depth = "layers" if reference.kind == "transformer" else "blocks"
+    inherit = transformer.inherit_layers if depth == "layers" else saffu_model.inherit_blocks
+    if args.grow_by == "solve" and reference.kind != "saffu":
+        raise SaffuError("--grow-by solve solves SAFFU blocks explicitly; a transformer grows by the reference's blocks")
     reference_params, _ = load_params(args.reference, reference)
     if args.start_from is None:
-        layers = args.inherit_layers or max(1, reference.layers // 2)
-        config, params = inherit_layers(reference_params, reference, layers)
+        config, params = inherit(reference_params, reference, args.inherit_layers or max(1, getattr(reference, depth) // 2))
     else:
         start = _check_vocabulary(load_run_config(args.start_from), workdir, args.start_from)
-        if start.kind != "transformer":
-            raise SaffuError(f"--start-from {args.start_from} holds a {start.kind}; it must be a transformer run")
+        if start.kind != reference.kind:
+            raise SaffuError(f"--start-from {args.start_from} holds a {start.kind}; it must be a {reference.kind} run "
+                             f"like --reference")
         config, params = start, load_params(args.start_from, start)[0]
-        layers = args.inherit_layers or start.layers + 1
-        if layers <= start.layers:
-            raise SaffuError(f"--inherit-layers {layers} must exceed --start-from's {start.layers} blocks")
-        while config.layers < layers:
-            config, params = grow_layer(params, config, reference_params, reference)
+        target = args.inherit_layers or getattr(start, depth) + 1
+        if target <= getattr(start, depth):
+            raise SaffuError(f"--inherit-layers {target} must exceed --start-from's {getattr(start, depth)} blocks")
+        if depth == "layers":
+            while config.layers < target:
+                config, params = transformer.grow_layer(params, config, reference_params, reference)
+        elif args.grow_by == "solve":
+            from saffu.solve.saffu import solve_explicit
+            if dataclasses.replace(reference, blocks=start.blocks) != start:
+                raise SaffuError("the stack to grow and the reference differ in more than their block count")
+            _say(args, f"solving blocks {start.blocks} … {target - 1} explicitly on top of {args.start_from}")
+            params, _ = solve_explicit(workdir, dataclasses.replace(start, blocks=target), progress=not args.quiet,
+                                       below=params)
+            config = dataclasses.replace(start, blocks=target)
+        else:
+            if dataclasses.replace(reference, blocks=start.blocks) != start:
+                raise SaffuError("the stack to grow and the reference differ in more than their block count")
+            if target > reference.blocks:
+                raise SaffuError(f"the reference has {reference.blocks} blocks; cannot grow to {target} "
+                                 f"(--grow-by solve can)")
+            while config.blocks < target:
+                config, params = saffu_model.grow_block(params, config, reference_params["blocks"][config.blocks])
     if existing:
         saved = load_run_config(run)
         if saved != config:
@@ -715,6 +748,13 @@ def _add_architecture_flags(parser):
     parser.add_argument("--exact-positions", type=int, nargs="*", default=list(saffu.exact_positions),
                         help="position groups that read exact token identity (sparse exact tables) instead of "
                              "cipher codes, e.g. 0 (none: all cipher; direct output, one block; `saffu fit` only)")
+    parser.add_argument("--chain-structure", choices=STRUCTURE_CHOICES, default=saffu.chain,
+                        help="the chain's W_1 and W_2 (--hidden D): dense, or structured, set by SVD from the dense "
+                             "layers (`saffu fit`: the explicit ones, a closed-form structured init)")
+    parser.add_argument("--chain-share", type=float, default=saffu.chain_share,
+                        help="a structured chain layer's weights as a share of the dense layer's")
+    parser.add_argument("--chain-blocks", type=int, default=saffu.chain_blocks,
+                        help="blocks of a blockdense / blockshuffle chain layer")
 
 
 def _add_eval_flags(parser, default: int = EVAL_TOKENS):
@@ -856,7 +896,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--init", choices=["explicit", "random", "inherit"], required=True,
                    help="explicit: warm start from --run's explicit solution (a transformer: from explicit "
                         "low-rank factors solved here, see --explicit-pieces); random: cold start; inherit: "
-                        "a transformer from the first blocks of --reference (Inheritune)")
+                        "a transformer or SAFFU stack from the first blocks of --reference (Inheritune)")
     p.add_argument("--model", choices=["saffu", "transformer", "factorised"], default="saffu",
                    help="architecture of a new run (an existing run keeps its own)")
     p.add_argument("--explicit-pieces", nargs="+", default=list(configs.EXPLICIT_PIECES), choices=configs.EXPLICIT_PIECES,
@@ -871,12 +911,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="λ fixed at 1 or learned (with --residual)")
     p.add_argument("--reference", type=Path, metavar="RUN",
                    help="--init inherit: a trained transformer run whose token embeddings, positions, first "
-                        "--inherit-layers blocks, final norm and output layer start the new run")
+                        "--inherit-layers blocks, final norm and output layer start the new run; or a SAFFU "
+                        "stack run, whose first blocks (each with its own output layer) start it")
     p.add_argument("--inherit-layers", type=int,
                    help="--init inherit: blocks to take (default: half the reference's, at least 1)")
     p.add_argument("--start-from", type=Path, metavar="RUN",
                    help="--init inherit: grow this trained run (fewer blocks, same width) instead: all of its "
-                        "weights, then the reference's blocks up to --inherit-layers (default: one more)")
+                        "weights, then new blocks up to --inherit-layers (default: one more), see --grow-by")
+    p.add_argument("--grow-by", choices=["reference", "solve"], default="reference",
+                   help="--start-from: the new blocks are the reference's next blocks, or (SAFFU) blocks solved "
+                        "explicitly on top of the trained stack, which may grow past the reference's depth")
     p.add_argument("--rank", type=int, default=configs.FactorisedConfig.rank,
                    help="embedding / output-factor width r of a factorised model")
     _add_output_structure_flags(p)

@@ -60,6 +60,24 @@ def guide_alpha(step: int, guide_steps: int) -> float | None:
     return 0.5 * (1.0 + math.cos(math.pi * step / guide_steps))
 
 
+class SelfGuided:
+    """Self-guided training's schedule, for a config with a ``guide_share`` (the share of the
+    training steps over which a dense guide's weight ``α`` falls from 1 to 0 on a cosine)."""
+
+    def guide_steps(self, steps: int) -> int:
+        """Steps of a ``steps``-step run with the dense guide (``0`` without self-guided training)."""
+        return max(1, round(self.guide_share * steps)) if self.guide_share else 0
+
+    def step_inputs(self, step: int, steps: int) -> dict:
+        """Inputs of training step ``step`` of ``steps`` besides the parameters (the trainer
+        merges them into the params it passes; a change of their names recompiles the step):
+        while self-guided, ``{"guide_alpha": α}`` with ``α = ½(1 + cos(π·step/guide_steps))``;
+        afterwards — and without self-guided training — none, and the dense path is not computed."""
+        import numpy as np
+        alpha = guide_alpha(step, self.guide_steps(steps))
+        return {} if alpha is None else {"guide_alpha": np.float32(alpha)}
+
+
 #: ``<pad>`` and ``<eod>``: the ids before every regular token.
 NUM_SPECIAL = 2
 COMPUTE_DTYPES = ("float32", "bfloat16")
@@ -279,6 +297,12 @@ class SaffuConfig:
         the cipher code (direct form, one block): group ``p`` is then ``β_p · L_p[x_{t−p}, :]``,
         the exact offset table of :mod:`saffu.models.exact` (Witten-Bell, ``κ = 2``), stored
         sparsely and never trained; ``()`` (the default) is the all-cipher SAFFU.
+      chain: the chain's dense layers ``W_1`` and ``W_2`` (``hidden > 0``): ``dense``, or a structure
+        of :mod:`saffu.models.structured` (``lowrank``, ``blockdense``, ``blockshuffle``) held as
+        ``hidden_factors`` / ``output_factors``, set by SVD from the dense layers (random, or the
+        explicit solution's: a closed-form structured init).
+      chain_share: each structured layer's weights as a share of the dense layer's.
+      chain_blocks: blocks of ``blockdense`` / ``blockshuffle`` (``K = 129`` is ``3 · 43``).
     """
 
     vocab_size: int
@@ -290,6 +314,9 @@ class SaffuConfig:
     value_form: str = "linear"
     blocks: int = 1
     exact_positions: tuple[int, ...] = ()
+    chain: str = "dense"
+    chain_share: float = 0.32
+    chain_blocks: int = 3
     kind: str = "saffu"
 
     def __post_init__(self):
@@ -309,6 +336,20 @@ class SaffuConfig:
                     0 <= p < self.positions for p in self.exact_positions):
                 raise SaffuError(f"--exact-positions {' '.join(map(str, self.exact_positions))} must be distinct "
                                  f"positions below --positions {self.positions}")
+        if self.chain != "dense":
+            if not self.hidden:
+                raise SaffuError(f"--chain-structure {self.chain} structures the chain's layers: it needs --hidden D")
+            for shape in self.chain_shapes.values():
+                structure_size(self.chain, *shape, self.chain_share, self.chain_blocks)
+
+    @property
+    def chain_shapes(self) -> dict[str, tuple[int, int]]:
+        """The chain's dense layers: ``hidden`` ``((H + 1)·K, D)`` and ``output`` ``(D, V)``."""
+        return {"hidden": ((self.heads + 1) * self.dim, self.hidden), "output": (self.hidden, self.vocab_size)}
+
+    def chain_size(self, layer: str) -> int:
+        """Rank / hidden width of the structured chain layer ``layer`` (``hidden`` or ``output``)."""
+        return structure_size(self.chain, *self.chain_shapes[layer], self.chain_share, self.chain_blocks)
 
     @property
     def dim(self) -> int:
@@ -366,8 +407,9 @@ class SaffuConfig:
         and lookups are omitted; ``seq_len`` is unused (the cost does not grow with it)."""
         K, V = self.dim, self.vocab_size
         attention = sum(2 * (2 * self.head_radius(h) * K + self.head_radius(h) ** 2) for h in range(self.heads))
-        output = 2 * self.cipher_groups * K * V if self.hidden == 0 else 2 * ((self.heads + 1) * K * self.hidden
-                                                                              + self.hidden * V)
+        output = 2 * self.cipher_groups * K * V if self.hidden == 0 else 2 * sum(
+            structure_params(self.chain, *shape, self.chain_share, self.chain_blocks)
+            for shape in self.chain_shapes.values())
         exact = 2 * len(self.exact_positions) * V          # each exact group: a V-wide row, scaled and added
         return float(self.blocks * (attention + output) + exact + (self.blocks - 1) * 2 * V * K)
 
@@ -470,7 +512,7 @@ class ExactConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class FactorisedConfig:
+class FactorisedConfig(SelfGuided):
     """The factorised explicit model, a SAFFU variant on explicit embeddings (the model is
     :mod:`saffu.models.factorised`, its explicit solution :mod:`saffu.solve.factors`)::
 
@@ -492,6 +534,10 @@ class FactorisedConfig:
         (``lowrank``, ``blockdense``, ``blockshuffle``) held as ``params["output_factors"]``.
       output_share: a structured ``B``'s weights as a share of the dense ``r × V`` (ignored for dense).
       output_blocks: blocks of ``blockdense`` / ``blockshuffle``.
+      guide_share: self-guided training of a structured ``B``: the dense ``B`` it was set from
+        (``params["output_guide"]``: the explicit solution's, or a random one) is mixed in with
+        weight ``α`` falling from 1 to 0 on a cosine over this share of the steps (``0``: none),
+        so an explicit run starts as the dense explicit model; see :meth:`step_inputs`.
     """
 
     vocab_size: int
@@ -502,6 +548,7 @@ class FactorisedConfig:
     output: str = "dense"
     output_share: float = 0.32
     output_blocks: int = 4
+    guide_share: float = 0.0
     kind: str = "factorised"
 
     def __post_init__(self):
@@ -510,6 +557,11 @@ class FactorisedConfig:
         if self.rank > self.vocab_size:
             raise SaffuError(f"--rank {self.rank} exceeds the vocabulary ({self.vocab_size})")
         structure_size(self.output, self.rank, self.vocab_size, self.output_share, self.output_blocks)
+        if not 0 <= self.guide_share <= 1:
+            raise SaffuError(f"--self-guided {self.guide_share} must be a share of training in [0, 1]")
+        if self.guide_share and self.output == "dense":
+            raise SaffuError("self-guided training needs a structured --output-structure (a dense B has nothing "
+                             "to guide)")
 
     def head_radius(self, head: int) -> int:
         return max(1, self.radius >> head)
@@ -543,6 +595,14 @@ class FactorisedConfig:
                         for h in range(self.heads))
         output = structure_params(self.output, r, self.vocab_size, self.output_share, self.output_blocks)
         return float(2 * output + attention)
+
+    def step_forward_flops(self, seq_len: int, inputs: dict) -> float:
+        """:meth:`forward_flops` of a step with these :meth:`step_inputs`: the guided steps also
+        run the dense guide ``B`` (``2 r V``) and mix the two outputs (``3 V``)."""
+        flops = self.forward_flops(seq_len)
+        if "guide_alpha" in inputs:
+            flops += 2.0 * self.rank * self.vocab_size + 3.0 * self.vocab_size
+        return flops
 
 
 @dataclasses.dataclass(frozen=True)
@@ -586,7 +646,7 @@ class FactorConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class TransformerConfig:
+class TransformerConfig(SelfGuided):
     """Architecture of the baseline (the model is :mod:`saffu.models.transformer`).
 
     Attributes:
@@ -667,19 +727,6 @@ class TransformerConfig:
         hidden = self.mlp_ratio * self.width
         return (structure_params(self.ffn, self.width, hidden, self.ffn_share, self.ffn_blocks)
                 + structure_params(self.ffn, hidden, self.width, self.ffn_share, self.ffn_blocks))
-
-    def guide_steps(self, steps: int) -> int:
-        """Steps of a ``steps``-step run with the dense guide (``0`` without self-guided training)."""
-        return max(1, round(self.guide_share * steps)) if self.guide_share else 0
-
-    def step_inputs(self, step: int, steps: int) -> dict:
-        """Inputs of training step ``step`` of ``steps`` besides the parameters (the trainer
-        merges them into the params it passes; a change of their names recompiles the step):
-        while self-guided, ``{"guide_alpha": α}`` with ``α = ½(1 + cos(π·step/guide_steps))``;
-        afterwards — and without self-guided training — none, and the dense path is not computed."""
-        import numpy as np
-        alpha = guide_alpha(step, self.guide_steps(steps))
-        return {} if alpha is None else {"guide_alpha": np.float32(alpha)}
 
     def step_forward_flops(self, seq_len: int, inputs: dict) -> float:
         """:meth:`forward_flops` of a step with these :meth:`step_inputs`: the guided steps also

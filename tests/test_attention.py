@@ -11,7 +11,7 @@ from saffu._io import SaffuError
 from saffu.configs import FactorisedConfig, ResidualConfig, SaffuConfig, TransformerConfig
 from saffu.data.tokenizer import EOD_ID, PAD_ID
 from saffu.eval.attention import (attention_profile, attention_summary, effective_rank, first_visible, mean_attention,
-                                  top_column)
+                                  offset_profile, top_column)
 from saffu.models.saffu import cipher_table
 
 
@@ -136,6 +136,44 @@ def test_saffu_maps_are_offsets_placed_on_positions(tiny_workdir):
     assert first[0][0] == pytest.approx(on_first, abs=1e-5)
     assert np.all(maps[1][1].sum(axis=1) <= 1 + 1e-5)                    # boundary mass left out
     assert np.abs(np.triu(maps[1][0], 1)).max() == 0.0 and np.abs(np.tril(maps[1][0], -4)).max() == 0.0
+
+
+def test_offset_profile_of_uniform_collapsed_and_recomputed_saffu_attention(tiny_workdir):
+    """Zero attention weights attend uniformly (each offset 1/M); a large weight on offset 0's
+    score collapses every query onto offset 0; a random block matches a float64 recomputation
+    over the queries that see every offset."""
+    config = SaffuConfig(tiny_workdir.vocab_size, bits=10, radius=4, heads=1, blocks=2)
+    params = config.init(jax.random.key(2))
+    windows = _windows(tiny_workdir, 3, 24)
+    params["blocks"][0]["attention_0"] = np.zeros((4, 4), np.float32)
+    collapse = np.zeros((4, 4), np.float32)
+    collapse[0, 0] = 1e4                          # score of offset 0 = 1e4 · |x_h|² > 0, the others 0
+    params["blocks"][1]["attention_0"] = collapse
+    layers = offset_profile(params, config, windows)
+    np.testing.assert_allclose(layers[0]["heads"][0]["mean_by_offset"], [0.25] * 4, atol=1e-6)
+    assert layers[0]["mean_top_weight"] == pytest.approx(0.25, abs=1e-6)
+    np.testing.assert_allclose(layers[1]["heads"][0]["mean_by_offset"], [1, 0, 0, 0], atol=1e-6)
+    assert layers[1]["mean_top_weight"] == pytest.approx(1.0, abs=1e-6)
+    W = 3.0 * np.asarray(jax.random.normal(jax.random.key(5), (4, 4)), np.float64)
+    params["blocks"][0]["attention_0"] = W.astype(np.float32)
+    codes = np.asarray(cipher_table(config), np.float64)
+    total, top, count = np.zeros(4), 0.0, 0
+    for window in windows:
+        document = np.cumsum(window == EOD_ID)
+        for p in range(3, len(window)):
+            if document[p - 3] != document[p]:
+                continue                          # a query that does not see all four offsets
+            X = codes[window[p - np.arange(4)]]
+            scores = (X @ X[0]) @ W
+            a = np.exp(scores - scores.max())
+            a /= a.sum()
+            total, top, count = total + a, top + a.max(), count + 1
+    head = offset_profile(params, config, windows, batch_size=2)[0]["heads"][0]
+    assert head["queries"] == count > 0
+    np.testing.assert_allclose(head["mean_by_offset"], total / count, atol=1e-5)
+    assert head["mean_top_weight"] == pytest.approx(top / count, abs=1e-5)
+    with pytest.raises(SaffuError, match="does not attend over offsets"):
+        offset_profile({}, TransformerConfig(97), windows)
 
 
 def test_residual_and_factorised_models_show_their_trainable_attention(tiny_workdir, exact_model_small):

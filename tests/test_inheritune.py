@@ -1,5 +1,6 @@
-"""Inheritune for the transformer: inheritance copies exactly the chosen weights, growth appends
-the reference's next block with the right shapes and leaves the first blocks unchanged."""
+"""Inheritune for the transformer and SAFFU stacks: inheritance copies exactly the chosen weights,
+growth appends the reference's next block (or, SAFFU, blocks solved on top of the stack) with the
+right shapes and leaves the first blocks unchanged."""
 
 import json
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 
 from saffu._io import SaffuError
-from saffu.configs import TransformerConfig
+from saffu.configs import SaffuConfig, TransformerConfig
 from saffu.models.transformer import grow_layer, inherit_layers
 
 
@@ -87,3 +88,85 @@ def test_cli_inherits_and_grows(tiny_workdir, tmp_path, capsys):
     assert main(["train", *work, "--run", str(tmp_path / "x"), "--init", "inherit", "--reference", str(ref),
                  "--inherit-layers", "4", *small_model]) == 2
     assert "inherit 1 to 3 blocks" in capsys.readouterr().err
+
+
+# ---- SAFFU stacks ---------------------------------------------------------------------------
+
+def _stack_config(vocab_size: int, blocks: int = 3, bits: int = 10):
+    return SaffuConfig(vocab_size, bits=bits, radius=3, positions=1, blocks=blocks)
+
+
+def test_saffu_inheritance_copies_the_first_blocks_and_growth_appends():
+    from saffu.models.saffu import grow_block, init_params, inherit_blocks, saffu_logits
+    config = _stack_config(97)
+    params = init_params(config, jax.random.key(0))
+    small, inherited = inherit_blocks(params, config, 2)
+    assert small.blocks == 2 and sorted(inherited["blocks"]) == [0, 1]
+    assert all(_same(inherited["blocks"][i], params["blocks"][i]) for i in (0, 1))
+    shapes = jax.eval_shape(lambda: init_params(small, jax.random.key(1)))
+    assert jax.tree.structure(shapes) == jax.tree.structure(inherited)
+    # the inherited stack is the reference's stack cut after block 1
+    tokens = jax.random.randint(jax.random.key(2), (2, 12), 0, 97)
+    assert saffu_logits(inherited, small, tokens).shape == (2, 12, 97)
+    trained = jax.tree.map(lambda x: x + 1.0, inherited)                  # stands for training
+    grown_config, grown = grow_block(trained, small, params["blocks"][2])
+    assert grown_config == config and sorted(grown["blocks"]) == [0, 1, 2]
+    assert all(_same(grown["blocks"][i], trained["blocks"][i]) for i in (0, 1))
+    assert _same(grown["blocks"][2], params["blocks"][2])
+    for blocks in (0, 4):
+        with pytest.raises(SaffuError, match="inherit 1 to 3 blocks"):
+            inherit_blocks(params, config, blocks)
+    wider = init_params(_stack_config(97, blocks=1, bits=12), jax.random.key(3))
+    with pytest.raises(SaffuError, match="block shapes"):
+        grow_block(trained, small, wider["blocks"][0])
+
+
+def test_blocks_solved_on_top_of_a_stack(tiny_workdir):
+    """Solving blocks 1 … L−1 on top of the explicit block 0 gives exactly the whole explicit
+    stack (same counts, same stages); on top of a changed (say trained) block 0 that block stays
+    as given and the new blocks read it."""
+    from saffu.configs import SolverConfig
+    from saffu.models.saffu import inherit_blocks
+    from saffu.solve.saffu import solve_explicit
+    config, solver = _stack_config(tiny_workdir.vocab_size), SolverConfig(holdout_tokens=64)
+    full, report = solve_explicit(tiny_workdir, config, solver, progress=False)
+    _, below = inherit_blocks(full, config, 1)
+    grown, grown_report = solve_explicit(tiny_workdir, config, solver, progress=False, below=below)
+    assert _same(grown, full)
+    assert (report["solved_blocks"], grown_report["solved_blocks"]) == (3, 2)
+    assert grown_report["flops"] < report["flops"]
+    trained = jax.tree.map(lambda x: x * 0.5, below)
+    on_trained, _ = solve_explicit(tiny_workdir, config, solver, progress=False, below=trained)
+    assert _same(on_trained["blocks"][0], trained["blocks"][0])
+    assert not np.allclose(on_trained["blocks"][1]["group_weights"], full["blocks"][1]["group_weights"])
+    with pytest.raises(SaffuError, match="1 ≤ k < 3"):
+        solve_explicit(tiny_workdir, config, solver, progress=False, below=full)
+    with pytest.raises(SaffuError, match="shapes"):
+        solve_explicit(tiny_workdir, _stack_config(tiny_workdir.vocab_size, bits=12), solver, progress=False,
+                       below=below)
+
+
+@pytest.mark.slow   # a SAFFU solve and two short training runs through the CLI
+def test_cli_inherits_and_grows_a_saffu_stack(tiny_workdir, tmp_path):
+    from saffu.cli import main
+    from saffu.solve.saffu import solve_explicit
+    from saffu.training.checkpoints import load_params, load_run_config
+    work = ["--workdir", str(tiny_workdir.path)]
+    stack = ["--bits", "10", "--radius", "3", "--positions", "1"]
+    short = ["--batch-size", "2", "--seq-len", "16", "--steps", "2", "--eval-tokens", "64", "--quiet"]
+    ref, half, grown = tmp_path / "ref", tmp_path / "half", tmp_path / "grown"
+    assert main(["fit", *work, "--run", str(ref), *stack, "--blocks", "2", "--holdout-tokens", "64",
+                 "--eval-tokens", "64", "--quiet"]) == 0
+    assert main(["train", *work, "--run", str(half), "--init", "inherit", "--reference", str(ref), *short]) == 0
+    assert load_run_config(half).blocks == 1
+    # at learning rate 0 the grown run keeps what it was given: half's block, then one solved on it
+    assert main(["train", *work, "--run", str(grown), "--init", "inherit", "--reference", str(ref),
+                 "--start-from", str(half), "--grow-by", "solve", "--inherit-layers", "3", "--learning-rate", "0",
+                 *short]) == 0
+    config = load_run_config(grown)
+    got, trained = load_params(grown, config)[0], load_params(half, load_run_config(half))[0]
+    assert config.blocks == 3 and _same(got["blocks"][0], trained["blocks"][0])
+    from saffu.configs import SolverConfig
+    want, _ = solve_explicit(tiny_workdir, config, SolverConfig(), progress=False, below=trained)
+    assert all(np.allclose(got["blocks"][i][k], want["blocks"][i][k], rtol=1e-6, atol=1e-6)
+               for i in (1, 2) for k in want["blocks"][i])

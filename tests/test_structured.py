@@ -12,7 +12,7 @@ from saffu import SaffuError
 from saffu.cli import main
 from saffu.configs import FactorisedConfig, TransformerConfig
 from saffu.engine import accounting
-from saffu.models.factorised import factorised_logits, structure_output
+from saffu.models.factorised import drop_output_guide, factorised_logits, structure_output
 from saffu.models.interface import parameter_count, window_loss
 from saffu.models.structured import (apply_structure, factor_shapes, from_dense, guide_alpha, structure_params,
                                      structure_size, to_dense)
@@ -231,6 +231,52 @@ def test_factorised_output_factor_from_the_explicit_svd():
     assert set(structured.init(jax.random.key(1))) == set(made)
 
 
+def test_a_self_guided_factorised_output_starts_as_its_dense_guide(tiny_workdir, tmp_path):
+    """With the explicit B as the guide, α = 1 is the dense explicit model, α = 0 and no α the
+    structured one; dropping the guide keeps the logits; the guided steps run the dense B."""
+    dense = FactorisedConfig(vocab_size=64, rank=16, positions=2, heads=1, radius=4)
+    guided = FactorisedConfig(vocab_size=64, rank=16, positions=2, heads=1, radius=4, output="blockdense",
+                              output_share=0.5, guide_share=0.5)
+    explicit = dense.init(jax.random.key(0))                          # stands for the explicit solution
+    made = structure_output(explicit, guided)
+    np.testing.assert_array_equal(np.asarray(made["output_guide"]), np.asarray(explicit["output_weights"]))
+    tokens = jnp.asarray(np.random.default_rng(0).integers(2, 64, (2, 10)), jnp.int32)
+    at = lambda alpha: np.asarray(factorised_logits({**made, "guide_alpha": jnp.float32(alpha)}, guided, tokens))
+    np.testing.assert_allclose(at(1.0), np.asarray(factorised_logits(explicit, dense, tokens)), atol=1e-5)
+    plain, structured = drop_output_guide(made, guided)
+    assert plain.guide_share == 0 and "output_guide" not in structured
+    np.testing.assert_allclose(at(0.0), np.asarray(factorised_logits(structured, plain, tokens)), atol=1e-6)
+    np.testing.assert_allclose(np.asarray(factorised_logits(made, guided, tokens)),
+                               np.asarray(factorised_logits(structured, plain, tokens)), atol=1e-6)
+    np.testing.assert_allclose(at(0.25), 0.25 * at(1.0) + 0.75 * at(0.0), atol=1e-4)
+    assert guided.step_forward_flops(16, {"guide_alpha": 1}) - guided.forward_flops(16) == 2 * 16 * 64 + 3 * 64
+    assert guided.step_inputs(0, 10) == {"guide_alpha": 1.0} and guided.step_inputs(5, 10) == {}
+    with pytest.raises(SaffuError, match="nothing to guide"):
+        FactorisedConfig(vocab_size=64, rank=16, guide_share=0.5)
+    with pytest.raises(SaffuError, match="without a dense guide"):
+        factorised_logits({**structured, "guide_alpha": jnp.float32(1)}, plain, tokens)
+    # solved: the guide is the explicit dense B, the factors its SVD
+    from saffu.configs import FactorConfig
+    from saffu.solve.factors import solve_factorised
+    shape = dict(vocab_size=tiny_workdir.vocab_size, rank=16, positions=2, heads=1, radius=4)
+    solver = FactorConfig(holdout_tokens=200, buckets=(3,))
+    explicit_dense, _ = solve_factorised(tiny_workdir, FactorisedConfig(**shape), solver, progress=False)
+    explicit_guided, _ = solve_factorised(tiny_workdir, FactorisedConfig(**shape, output="lowrank", guide_share=0.5),
+                                          solver, progress=False)
+    np.testing.assert_array_equal(np.asarray(explicit_guided["output_guide"]),
+                                  np.asarray(explicit_dense["output_weights"]))
+    # trained: the guided steps cost the dense B on top, then the step is the structured model's
+    config = FactorisedConfig(vocab_size=tiny_workdir.vocab_size, rank=16, positions=2, heads=1, radius=4,
+                              output="lowrank", output_share=0.32, guide_share=0.5)
+    settings_ = TrainConfig(steps=8, batch_size=2, seq_len=16, learning_rate=1e-2, warmup_steps=2, eval_every=2,
+                            eval_windows=2)
+    _, history = train(config, config.init(jax.random.key(0)), tiny_workdir.tokens("train_10M"), settings_,
+                       tmp_path / "run", dev_stream=tiny_workdir.tokens("dev"), progress=False)
+    xla = [record["xla_flops"] for record in history]
+    assert (xla[1] - xla[0]) > (xla[4] - xla[3]) * 1.05
+    assert all(np.isfinite(record["dev_loss"]) for record in history)
+
+
 @pytest.mark.slow
 def test_cli_trains_a_self_guided_structured_transformer(tiny_workdir, tmp_path):
     run, metrics, dense_run = tmp_path / "sg", tmp_path / "m.json", tmp_path / "dense"
@@ -279,3 +325,39 @@ def test_a_structured_transformer_from_a_trained_dense_one():
                                np.asarray(dense_config.logits(truncated, tokens)), atol=1e-5)
     with pytest.raises(SaffuError, match="same width"):
         structure_mlp(dense, dense_config, TransformerConfig(vocab_size=40, ffn="lowrank", **{**SMALL, "layers": 1}))
+
+
+def test_a_structured_saffu_chain_is_its_dense_chain_and_solves_in_closed_form(tiny_workdir):
+    """A structured chain computes the dense chain of its factors' products; the explicit
+    structured chain's layers are the truncated SVD of the explicit dense chain's (block 0, which
+    reads nothing solved); a residual over it starts at zero; sizes and FLOPs follow the budget."""
+    from saffu.configs import SaffuConfig, SolverConfig
+    from saffu.models.residual import zero_output
+    from saffu.models.saffu import init_params, saffu_logits
+    from saffu.solve.saffu import solve_explicit
+    shape = dict(vocab_size=tiny_workdir.vocab_size, bits=10, radius=3, hidden=11)
+    dense, chain = SaffuConfig(**shape), SaffuConfig(**shape, chain="lowrank", chain_share=0.5)
+    params = init_params(chain, jax.random.key(0))
+    block = params["blocks"][0]
+    assert {"hidden_factors", "output_factors"} <= set(block) and "output_weights" not in block
+    as_dense = {"blocks": {0: {**{k: v for k, v in block.items() if not k.endswith("_factors")},
+                               "hidden_weights": to_dense("lowrank", block["hidden_factors"]),
+                               "output_weights": to_dense("lowrank", block["output_factors"])}}}
+    tokens = jnp.asarray(np.random.default_rng(0).integers(2, tiny_workdir.vocab_size, (2, 12)), jnp.int32)
+    np.testing.assert_allclose(np.asarray(saffu_logits(params, chain, tokens)),
+                               np.asarray(saffu_logits(as_dense, dense, tokens)), atol=1e-5)
+    assert parameter_count(params) < parameter_count(init_params(dense, jax.random.key(0)))
+    assert chain.forward_flops() < dense.forward_flops()
+    solver = SolverConfig(holdout_tokens=64)
+    explicit_dense, _ = solve_explicit(tiny_workdir, dense, solver, progress=False)
+    explicit_chain, _ = solve_explicit(tiny_workdir, chain, solver, progress=False)
+    for layer in ("hidden", "output"):
+        W = np.asarray(explicit_dense["blocks"][0][f"{layer}_weights"], np.float64)
+        U, S, Vt = np.linalg.svd(W, full_matrices=False)
+        r = chain.chain_size(layer)
+        np.testing.assert_allclose(np.asarray(to_dense("lowrank", explicit_chain["blocks"][0][f"{layer}_factors"])),
+                                   (U[:, :r] * S[:r]) @ Vt[:r], atol=1e-4 * np.abs(W).max())
+    zero = zero_output("saffu", explicit_chain)
+    np.testing.assert_array_equal(np.asarray(saffu_logits(zero, chain, tokens)), 0.0)
+    with pytest.raises(SaffuError, match="needs --hidden"):
+        SaffuConfig(vocab_size=tiny_workdir.vocab_size, bits=10, chain="lowrank")

@@ -23,6 +23,9 @@ Per head (:func:`attention_profile`):
 Per layer: the maximum effective rank over its heads and a **lazy** flag, set when that
 maximum is at most ``lazy_rank`` (default 1: every head's averaged attention has collapsed to
 rank 1, which in causal attention means one column).
+
+Models that attend over offsets cannot collapse that way (a query sees only its ``M`` most
+recent rows); :func:`offset_profile` measures their counterpart, every query on one offset.
 """
 
 from __future__ import annotations
@@ -160,6 +163,61 @@ def mean_attention(params, config, windows: np.ndarray, batch_size: int = 16,
     return attention_summary(params, config, windows, batch_size, progress)[0]
 
 
+@functools.partial(jax.jit, static_argnums=1)
+def _offset_sums(params, config, tokens: jax.Array, weights: jax.Array):
+    """Per layer, per head of an offset model: over the queries that see every offset of the
+    head, the attention summed per offset ``[M_h]``, the summed top weight and the query count."""
+    if config.kind == "residual":
+        params, config = params["model"], config.base
+    if config.kind == "saffu":
+        from saffu.models.saffu import saffu_attention
+        layers = saffu_attention(params, config, tokens)
+    else:
+        from saffu.models.factorised import factorised_attention
+        layers = factorised_attention(params, config, tokens)
+    sums = []
+    for heads, visible in layers:
+        per_head = []
+        for a in heads:                                                        # [B, S, M_h]
+            full = visible[..., :a.shape[-1]].all(axis=-1) * weights[:, None]   # [B, S]
+            per_head.append((jnp.einsum("bs,bsm->m", full, a), jnp.sum(full * a.max(axis=-1)), jnp.sum(full)))
+        sums.append(per_head)
+    return sums
+
+
+def offset_profile(params, config, windows: np.ndarray, batch_size: int = 16) -> list[dict]:
+    """Where an offset model's attention goes (SAFFU stacks, the factorised model, a residual over
+    them). These attend over the ``M_h`` most recent rows only, so the lazy layer of global
+    attention — every query on one key, rank 1 — cannot form; its counterpart is every query on
+    one offset, a shift, which has full rank. Over the queries of ``windows int32[N, S]`` that see
+    every offset of a head: per layer and head, the mean weight on each offset
+    ``δ = 0 … M_h − 1`` (``mean_by_offset``, sums to 1) and the mean of each query's largest weight
+    (``mean_top_weight``: ``1/M_h`` for uniform attention, 1 when collapsed onto one offset); per
+    layer, ``mean_top_weight`` the largest over its heads."""
+    model = _model(config)
+    if model.kind not in ("saffu", "factorised") or not getattr(model, "heads", 0):
+        raise SaffuError(f"a {model.kind} model does not attend over offsets")
+    windows = np.asarray(windows)
+    if windows.ndim != 2 or len(windows) == 0:
+        raise SaffuError(f"need a non-empty int[N, S] batch of windows, got shape {windows.shape}")
+    totals = None
+    for start in range(0, len(windows), batch_size):
+        batch = windows[start:start + batch_size]
+        weights = np.zeros(batch_size, np.float32)
+        weights[:len(batch)] = 1                  # one compiled shape: the last batch is padded, weight 0
+        batch = np.concatenate([batch, np.repeat(batch[-1:], batch_size - len(batch), axis=0)])
+        sums = jax.tree.map(lambda x: np.asarray(x, np.float64),
+                            _offset_sums(params, config, jnp.asarray(batch, jnp.int32), jnp.asarray(weights)))
+        totals = sums if totals is None else jax.tree.map(np.add, totals, sums)
+    layers = []
+    for index, heads in enumerate(totals):
+        rows = [{"head": h, "mean_by_offset": (by_offset / max(count, 1)).tolist(),
+                 "mean_top_weight": float(top / max(count, 1)), "queries": int(count)}
+                for h, (by_offset, top, count) in enumerate(heads)]
+        layers.append({"layer": index, "mean_top_weight": max(row["mean_top_weight"] for row in rows), "heads": rows})
+    return layers
+
+
 def attention_profile(maps: list[list[np.ndarray]], energy: float = ENERGY, lazy_rank: int = LAZY_RANK,
                       first_shares: list[list[float]] | None = None) -> dict:
     """Effective ranks, largest-column shares and lazy flags of :func:`attention_summary`'s maps
@@ -199,7 +257,8 @@ def inspect_attention(params, config, stream: np.ndarray, windows: int = 64, seq
     """:func:`attention_profile` of ``windows`` evenly spaced windows of ``stream`` (a split's
     tokens), each ``config.context + seq_len`` tokens long (``seq_len`` defaults to the model's
     ``eval_seq_len``); the profile also holds ``windows``, ``window_tokens`` and
-    ``first_key_share_if_uniform``, the first-key share of attention uniform over the visible keys."""
+    ``first_key_share_if_uniform``, the first-key share of attention uniform over the visible keys;
+    for a model that attends over offsets, also its :func:`offset_profile` (``offsets``)."""
     from saffu.training.trainer import evenly_spaced_windows
     if windows < 1:
         raise SaffuError(f"--windows must be ≥ 1, got {windows}")
@@ -212,6 +271,8 @@ def inspect_attention(params, config, stream: np.ndarray, windows: int = 64, seq
     maps, first_shares = attention_summary(params, config, np.asarray(batch), batch_size,
                                            progress="attention" if progress else None)
     profile = attention_profile(maps, energy, lazy_rank, first_shares)
+    if _model(config).kind in ("saffu", "factorised"):
+        profile["offsets"] = offset_profile(params, config, np.asarray(batch), batch_size)
     visible = np.arange(batch.shape[1])[None, :] - np.asarray(first_visible(batch)) + 1     # keys a query sees
     return {**profile, "windows": int(batch.shape[0]), "window_tokens": int(batch.shape[1]),
             "first_key_share_if_uniform": float(np.mean(1.0 / visible))}
@@ -219,13 +280,15 @@ def inspect_attention(params, config, stream: np.ndarray, windows: int = 64, seq
 
 def profile_table(profile: dict) -> str:
     """A plain-text table of a profile, one line per layer."""
+    offsets = profile.get("offsets")
     lines = [f"{'layer':>5}  {'max rank':>8}  {'ranks per head':<24} {'top column share':>16}  "
-             f"{'first key share':>15}  lazy"]
+             f"{'first key share':>15}  lazy" + ("  top offset weight" if offsets else "")]
     for layer in profile["layers"]:
         ranks = " ".join(str(head["rank"]) for head in layer["heads"])
         lines.append(f"{layer['layer']:>5}  {layer['max_rank']:>8}  {ranks:<24} "
                      f"{layer['mean_top_column_share']:>16.3f}  {layer['mean_first_key_share']:>15.3f}  "
-                     f"{'yes' if layer['lazy'] else 'no'}")
+                     f"{'yes' if layer['lazy'] else 'no ':<4}"
+                     + (f"  {offsets[layer['layer']]['mean_top_weight']:>17.3f}" if offsets else ""))
     return "\n".join(lines)
 
 
@@ -279,4 +342,6 @@ def flat_metrics(profile: dict) -> dict:
         flat[f"layer_{layer['layer']}_max_rank"] = layer["max_rank"]
         flat[f"layer_{layer['layer']}_top_column_share"] = round(layer["mean_top_column_share"], 6)
         flat[f"layer_{layer['layer']}_first_key_share"] = round(layer["mean_first_key_share"], 6)
+    for layer in profile.get("offsets", []):
+        flat[f"layer_{layer['layer']}_top_offset_weight"] = round(layer["mean_top_weight"], 6)
     return flat

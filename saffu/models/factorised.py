@@ -18,16 +18,20 @@ a rank-``r`` factorisation of the exact offset matrices ``L_p[c, y]``, ``b = log
 With a structured output factor (``config.output``, :mod:`saffu.models.structured`) the dense
 ``output_weights`` is replaced by ``"output_factors"`` (the structure's factors):
 :func:`structure_output` sets them from a dense ``B`` by SVD — from the explicit solution's
-``B``, a closed-form structured init; random init takes the SVD of a random ``B``.
+``B``, a closed-form structured init; random init takes the SVD of a random ``B``. Self-guided
+(``config.guide_share``), that dense ``B`` stays as ``"output_guide"`` and is mixed in while
+training's ``α`` falls to 0: with the explicit ``B`` the guide is an explicit solution.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
+from saffu._io import SaffuError
 from saffu.configs import FactorisedConfig
 from saffu.data.tokenizer import PAD_ID
 from saffu.models.exact import document_contexts
@@ -52,15 +56,27 @@ def init_params(config: FactorisedConfig, key: jax.Array, scale: float = 0.02) -
 def structure_output(params: Params, config: FactorisedConfig) -> Params:
     """``params`` with a dense ``output_weights float32[r, V]`` (random, or the explicit
     solution's) turned into ``config.output``'s factors (``params["output_factors"]``) by SVD
-    (:func:`saffu.models.structured.from_dense`); unchanged for a dense output or params that
+    (:func:`saffu.models.structured.from_dense`) and, self-guided (``config.guide_share``), kept
+    as the dense guide ``params["output_guide"]``; unchanged for a dense output or params that
     already hold factors."""
     if config.output == "dense" or "output_factors" in params:
         return params
     size = structure_size(config.output, config.rank, config.vocab_size, config.output_share, config.output_blocks)
     params = dict(params)
-    dense = params.pop("output_weights")
-    params["output_factors"] = from_dense(config.output, jnp.asarray(dense, jnp.float32), size, config.output_blocks)
+    dense = jnp.asarray(params.pop("output_weights"), jnp.float32)
+    params["output_factors"] = from_dense(config.output, dense, size, config.output_blocks)
+    if config.guide_share:
+        params["output_guide"] = dense
     return params
+
+
+def drop_output_guide(params: Params, config: FactorisedConfig) -> tuple[FactorisedConfig, Params]:
+    """A self-guided factorised model after its guided phase: the config without the guide and
+    the params without the dense guide ``B`` (the logits without ``guide_alpha`` are the same)."""
+    if not config.guide_share:
+        return config, params
+    return (dataclasses.replace(config, guide_share=0.0),
+            {name: value for name, value in params.items() if name != "output_guide"})
 
 
 def _heads(params: Params, config: FactorisedConfig, context: jax.Array):
@@ -93,8 +109,16 @@ def factorised_attention(params: Params, config: FactorisedConfig, tokens: jax.A
 
 
 def factorised_logits(params: Params, config: FactorisedConfig, tokens: jax.Array) -> jax.Array:
-    """Next-token logits at every position: ``int32[B, S]`` -> ``float32[B, S, V]``."""
+    """Next-token logits at every position: ``int32[B, S]`` -> ``float32[B, S, V]``. A
+    self-guided model's ``params["guide_alpha"]`` (``float32[]``, from
+    :meth:`FactorisedConfig.step_inputs`) gives ``α · h B_guide + (1 − α) · S(h)``; without it
+    the guide is not read."""
     h = hidden_states(params, config, tokens)
     logits = (h @ params["output_weights"] if config.output == "dense"
               else apply_structure(config.output, params["output_factors"], h))
+    if "guide_alpha" in params:
+        if not config.guide_share or "output_guide" not in params:
+            raise SaffuError("a guide weight α was given to a factorised model without a dense guide")
+        alpha = params["guide_alpha"]
+        logits = alpha * (h @ params["output_guide"]) + (1 - alpha) * logits
     return logits + params["output_bias"][None, None, :]

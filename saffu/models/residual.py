@@ -30,26 +30,35 @@ def zero_output(kind: str, params: Params) -> Params:
     the model's logits are exactly 0 (a copy; the other weights are untouched):
     the transformer's ``output``, the factorised model's ``output_weights`` (or the last factor of
     a structured one) and ``output_bias``,
-    SAFFU's last block's ``group_weights`` or ``output_weights`` and ``output_bias``."""
+    SAFFU's last block's ``group_weights`` or ``output_weights`` (the last factor of a structured
+    chain) and ``output_bias``."""
     params = jax.tree.map(lambda x: x, params)
     if kind == "transformer":
         params["output"] = jax.tree.map(jnp.zeros_like, params["output"])
     elif kind == "factorised":
         params["output_bias"] = jnp.zeros_like(params["output_bias"])
-        if "output_weights" in params:
-            params["output_weights"] = jnp.zeros_like(params["output_weights"])
-        else:    # a structured B: its last factor at zero (the first stays random, so gradients flow)
-            factors = params["output_factors"]
-            last = sorted(factors, key=("down", "blocks", "first", "up", "second").index)[-1]
-            params["output_factors"] = {**factors, last: jnp.zeros_like(factors[last])}
+        _zero_output_layer(params)
     elif kind == "saffu":
         last = params["blocks"][max(params["blocks"])]
-        for name in ("group_weights", "output_weights", "output_bias"):
-            if name in last:
-                last[name] = jnp.zeros_like(last[name])
+        last["output_bias"] = jnp.zeros_like(last["output_bias"])
+        if "group_weights" in last:
+            last["group_weights"] = jnp.zeros_like(last["group_weights"])
+        else:
+            _zero_output_layer(last)
     else:
         raise ValueError(f"no output layer known for a {kind!r} model")
     return params
+
+
+def _zero_output_layer(params: Params) -> None:
+    """``output_weights`` at zero, or of a structured ``output_factors`` the last factor (the
+    first stays random, so gradients flow); in place."""
+    if "output_weights" in params:
+        params["output_weights"] = jnp.zeros_like(params["output_weights"])
+    else:
+        factors = params["output_factors"]
+        last = sorted(factors, key=("down", "blocks", "first", "up", "second").index)[-1]
+        params["output_factors"] = {**factors, last: jnp.zeros_like(factors[last])}
 
 
 def residual_init(config: ResidualConfig, key: jax.Array) -> Params:

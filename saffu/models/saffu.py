@@ -11,7 +11,8 @@ of the tokens for the first block), with ``X ∈ R^{M×K}`` the ``M`` most recen
 * output, either **direct** over feature groups (``hidden = 0``):
   ``logits = b + Σ_g g W_g`` with groups the ``positions`` nearest rows ``X[0…P−1]`` and the
   values ``u_h``; or a **chain** (``hidden = D``): ``z = softmax([u_1 … u_H; x_h] W_1 + b_1)``,
-  ``logits = z W_2 + b_2``.
+  ``logits = z W_2 + b_2``, whose ``W_1`` and ``W_2`` may be structured (``config.chain``,
+  :func:`structure_chain`).
 
 Mixed features (``exact_positions``, direct form, one block): a position group ``p`` listed
 there reads exact token identity instead of its cipher code — its term is
@@ -29,6 +30,7 @@ use).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -37,10 +39,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from saffu._io import SaffuError
 from saffu.configs import CipherConfig, SaffuConfig
 from saffu.data.tokenizer import EOD_ID, PAD_ID
 from saffu.engine.codes import bit_cipher_codes
 from saffu.models.exact import document_contexts, table_rows
+from saffu.models.structured import apply_structure, from_dense
 
 
 Params = dict[str, Any]
@@ -74,8 +78,30 @@ def init_params(config: SaffuConfig, key: jax.Array, scale: float = 0.02) -> Par
             block["hidden_bias"] = jnp.zeros((D,))
             block["output_weights"] = scale * jax.random.normal(next(keys), (D, V))
         block["output_bias"] = jnp.zeros((V,))
-        blocks[index] = block
+        blocks[index] = structure_chain(block, config)
     return {"blocks": blocks}
+
+
+def structure_chain(block: Params, config: SaffuConfig) -> Params:
+    """A chain block's dense ``hidden_weights`` / ``output_weights`` (random, or the explicit
+    solution's) turned into ``config.chain``'s factors (``hidden_factors`` / ``output_factors``)
+    by SVD (:func:`saffu.models.structured.from_dense`); unchanged for a dense chain, the direct
+    form, or a block that already holds factors."""
+    if config.chain == "dense" or config.hidden == 0:
+        return block
+    block = dict(block)
+    for layer in ("hidden", "output"):
+        if f"{layer}_weights" in block:
+            dense = jnp.asarray(block.pop(f"{layer}_weights"), jnp.float32)
+            block[f"{layer}_factors"] = from_dense(config.chain, dense, config.chain_size(layer), config.chain_blocks)
+    return block
+
+
+def _chain_layer(block: Params, config: SaffuConfig, layer: str, x: jax.Array) -> jax.Array:
+    """``x W`` of the chain's ``layer`` (``hidden`` or ``output``), dense or structured."""
+    if f"{layer}_factors" in block:
+        return apply_structure(config.chain, block[f"{layer}_factors"], x)
+    return x @ block[f"{layer}_weights"]
 
 
 def same_document(tokens: jax.Array, radius: int) -> jax.Array:
@@ -156,9 +182,9 @@ def block_logits(block: Params, config: SaffuConfig, X: jax.Array) -> jax.Array:
         flat = groups.reshape(groups.shape[:-2] + (-1,))
         weights = block["group_weights"].reshape(-1, config.vocab_size)
         return _add_last(flat @ weights, block["output_bias"])
-    z = jax.nn.softmax(_add_last(hidden_features(config, X, values) @ block["hidden_weights"], block["hidden_bias"]),
-                       axis=-1)
-    return _add_last(z @ block["output_weights"], block["output_bias"])
+    z = jax.nn.softmax(_add_last(_chain_layer(block, config, "hidden", hidden_features(config, X, values)),
+                                 block["hidden_bias"]), axis=-1)
+    return _add_last(_chain_layer(block, config, "output", z), block["output_bias"])
 
 
 def block_inputs(params: Params, config: SaffuConfig, tokens: jax.Array, upto: int) -> tuple[jax.Array, jax.Array]:
@@ -197,6 +223,36 @@ def saffu_attention(params: Params, config: SaffuConfig, tokens: jax.Array) -> l
         if index + 1 < config.blocks:
             sequence = jax.nn.softmax(block_logits(block, config, X), axis=-1) @ codes
     return maps
+
+
+def inherit_blocks(params: Params, config: SaffuConfig, blocks: int) -> tuple[SaffuConfig, Params]:
+    """Inheritune's start for a SAFFU stack: its first ``blocks`` blocks, every array copied
+    unchanged. Each SAFFU block ends in its own output layer (block ``l + 1`` reads block ``l``'s
+    predicted code), so the first blocks are a whole model: there is no separate final layer to
+    take. Returns the smaller config (``blocks`` blocks, otherwise ``config``) and its params."""
+    if not 1 <= blocks <= config.blocks:
+        raise SaffuError(f"can inherit 1 to {config.blocks} blocks of a {config.blocks}-block SAFFU stack, "
+                         f"not {blocks}")
+    copy = lambda tree: jax.tree.map(jnp.array, tree)
+    inherited = {name: copy(value) for name, value in params.items() if name != "blocks"}
+    inherited["blocks"] = {index: copy(params["blocks"][index]) for index in range(blocks)}
+    return dataclasses.replace(config, blocks=blocks), inherited
+
+
+def grow_block(params: Params, config: SaffuConfig, block: Params) -> tuple[SaffuConfig, Params]:
+    """Inheritune's growth of a SAFFU stack: ``params`` (``config.blocks = k`` blocks) with
+    ``block`` appended as block ``k`` (a reference's block ``k``, or one solved on top of the stack:
+    :func:`saffu.solve.saffu.solve_explicit` with ``below``); the first ``k`` blocks stay as they
+    are. ``block`` must have the shapes of a block of ``config``. Returns the config of ``k + 1``
+    blocks and its params."""
+    template = init_params(dataclasses.replace(config, blocks=1), jax.random.key(0))["blocks"][0]
+    if (jax.tree.structure(block) != jax.tree.structure(template)
+            or any(a.shape != b.shape for a, b in zip(jax.tree.leaves(block), jax.tree.leaves(template)))):
+        raise SaffuError("the block to append does not have this SAFFU stack's block shapes "
+                         "(radius, heads, positions, hidden, bits and vocabulary must agree)")
+    k = config.blocks
+    grown = {**params, "blocks": {**params["blocks"], k: jax.tree.map(jnp.array, block)}}
+    return dataclasses.replace(config, blocks=k + 1), grown
 
 
 class SaffuBlock(nnx.Module):

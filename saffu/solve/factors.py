@@ -152,7 +152,7 @@ def solve_factorised(workdir: WorkDir, config: FactorisedConfig, solver: FactorC
                                 solver.oversample, solver.power_iterations, solver.seed)
     report.update(seconds_factorise=time.perf_counter() - tick, energy=energy, singular_max=float(s[0]),
                   singular_min=float(s[-1]), offset_pairs=int(sum(S.nnz for S in matrices)))
-    dense = dataclasses.replace(config, output="dense")    # a structured B is the SVD of the dense one, below
+    dense = dataclasses.replace(config, output="dense", guide_share=0.0)   # a structured B: the SVD of the dense one
     params = jax.tree.map(lambda leaf: jnp.zeros(leaf.shape, leaf.dtype),     # the init's tree, all zeros
                           jax.eval_shape(lambda: init_params(dense, jax.random.key(0))))
     params.update(embeddings=jnp.asarray(E, jnp.float32), output_weights=jnp.asarray(B, jnp.float32),

@@ -14,7 +14,8 @@ counted part of the training split and uses only weights already solved:
    code, so ``D = K``), then ``W_2`` from ``Σ zᵀ e(y)`` with ``z`` computed by the solved ``W_1``;
 4. calibration of one temperature per group (direct) or per layer (chain) on the last
    ``holdout_tokens`` of the training stream, which no count saw (Newton's method for the
-   direct form, whose loss is convex in its temperatures; L-BFGS for the chain).
+   direct form, whose loss is convex in its temperatures; L-BFGS for the chain); a structured
+   chain (``config.chain``) then takes the SVD of its calibrated dense layers.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from saffu.engine.explicit import Smoothing, conditional_probabilities, unigram_
 from saffu.models.exact import document_contexts, table_rows
 from saffu.models.interface import window_loss
 from saffu.models.saffu import (Params, SaffuConfig, attention_values, block_inputs, block_windows, cipher_table,
-                                hidden_features, init_params, output_groups)
+                                hidden_features, init_params, output_groups, structure_chain)
 from saffu.ngram.counts import count_rows
 from saffu.solve.exact import build_group
 
@@ -87,8 +88,13 @@ def _sparse_similarity(bits: jax.Array, vals: jax.Array) -> jax.Array:
 
 
 def solve_explicit(workdir: WorkDir, config: SaffuConfig, solver: SolverConfig = SolverConfig(),
-                   mesh=None, progress: bool = True) -> tuple[Params, dict[str, Any]]:
+                   mesh=None, progress: bool = True, below: Params | None = None) -> tuple[Params, dict[str, Any]]:
     """Explicit parameters of ``config`` from the training split of ``workdir``.
+
+    ``below``: the params of a stack's first ``k < config.blocks`` blocks (trained or solved,
+    ``{"blocks": {0: …, …, k − 1: …}}``); they are kept unchanged and only blocks ``k … L − 1`` are
+    solved, each reading the blocks under it — a SAFFU stack grown by explicit blocks on top of
+    a trained one (Inheritune's growth). ``report["solved_blocks"]`` says how many were solved.
 
     Returns the params dict (exactly the structure of :func:`saffu.models.saffu.init_params`) and a
     report with the seconds of every stage, the calibrated temperatures, the holdout loss and
@@ -97,7 +103,7 @@ def solve_explicit(workdir: WorkDir, config: SaffuConfig, solver: SolverConfig =
     scatter-adds of counting), ``flops`` (:func:`analytic_solve_flops`) and ``peak_rss_mb``.
     """
     with accounting.flop_ledger() as ledger:
-        params, report = _solve(workdir, config, solver, mesh, progress)
+        params, report = _solve(workdir, config, solver, mesh, progress, below)
     report["flops"] = analytic_solve_flops(config, report)
     report["xla_flops"] = ledger.total if ledger.complete else None
     report["tokens_per_s"] = report["counted_tokens"] / report["seconds"]
@@ -108,7 +114,7 @@ def solve_explicit(workdir: WorkDir, config: SaffuConfig, solver: SolverConfig =
 def analytic_solve_flops(config: SaffuConfig, report: dict[str, Any]) -> float:
     """Analytic operation count of a solve (2 per multiply-add, 1 per count increment).
 
-    Per counted token and block: the positional counts (``M·K`` increments, dense-code
+    Per counted token and solved block: the positional counts (``M·K`` increments, dense-code
     equivalent), the attention pass (every head's similarities and scores, the responsibilities
     ``X · log P[:, y]`` and the ``sᵀq`` outer product), the value pass (the attention forward and
     the value counts) and, for the chain, the hidden-layer pass. Per calibration evaluation and
@@ -125,11 +131,30 @@ def analytic_solve_flops(config: SaffuConfig, report: dict[str, Any]) -> float:
         per_token += 2 * (H + 1) * K * config.hidden + config.hidden + K * K
     evaluation = config.forward_flops() + (2 * config.groups ** 2 * V if config.hidden == 0
                                            else 2 * config.forward_flops())
-    return float(config.blocks * per_token * report["counted_tokens"]
+    return float(report.get("solved_blocks", config.blocks) * per_token * report["counted_tokens"]
                  + report["calibration_evaluations"] * report["holdout_tokens"] * evaluation)
 
 
-def _solve(workdir, config, solver, mesh, progress):
+def _stack_below(below: Params, config: SaffuConfig, template: Params) -> dict[int, Params]:
+    """The given lower blocks of a stack, checked against ``config``'s block shapes."""
+    blocks = below.get("blocks", {}) if isinstance(below, dict) else {}
+    k = len(blocks)
+    if not 1 <= k < config.blocks or sorted(blocks) != list(range(k)):
+        raise SaffuError(f"below must hold blocks 0 … k − 1 of the stack with 1 ≤ k < {config.blocks} "
+                         f"(the stack's --blocks); got {sorted(blocks)}")
+    if config.exact_positions:
+        raise SaffuError("a stack with exact-position groups has one block; there is nothing to solve on top")
+    for index in range(k):
+        same = jax.tree.structure(blocks[index]) == jax.tree.structure(template["blocks"][index]) and all(
+            np.shape(a) == b.shape for a, b in zip(jax.tree.leaves(blocks[index]),
+                                                    jax.tree.leaves(template["blocks"][index])))
+        if not same:
+            raise SaffuError(f"block {index} of below does not have the shapes of this stack's blocks "
+                             f"(radius, heads, positions, hidden, bits and vocabulary must agree)")
+    return {index: jax.tree.map(jnp.asarray, blocks[index]) for index in range(k)}
+
+
+def _solve(workdir, config, solver, mesh, progress, below=None):
     if config.vocab_size != workdir.vocab_size:
         raise SaffuError(f"model vocabulary {config.vocab_size} differs from the work directory's "
                          f"{workdir.vocab_size}; use --vocab-size {workdir.vocab_size}")
@@ -144,9 +169,10 @@ def _solve(workdir, config, solver, mesh, progress):
     V, K, M = config.vocab_size, config.dim, config.radius
     codes = np.asarray(cipher_table(config))
     template = init_params(config, jax.random.key(0))
-    solved: Params = {"blocks": {}}
+    solved: Params = {"blocks": {} if below is None else _stack_below(below, config, template)}
+    first = len(solved["blocks"])
     report: dict[str, Any] = {"counted_tokens": counted_end - 1, "holdout_tokens": holdout, "streaming_passes": 0,
-                              "calibration_evaluations": 0}
+                              "calibration_evaluations": 0, "solved_blocks": config.blocks - first}
 
     def run(accumulators, label, context=None):
         tick = time.perf_counter()
@@ -156,7 +182,9 @@ def _solve(workdir, config, solver, mesh, progress):
         report["streaming_passes"] += 1
         return out
 
-    for index in range(config.blocks):
+    if first:       # the unigram prior, which block 0's positional pass would have counted
+        prior = unigram_prior(run({"unigram": unigram_counts(V)}, "unigram")["unigram"])
+    for index in range(first, config.blocks):
         tag = f"block{index}"
         # Every pass reads its weights from ``context`` (a jit argument), never from a closure.
         windows_of = lambda batch, ctx, index=index: _block_windows_for_targets(ctx["solved"], config, index, batch)
@@ -265,7 +293,8 @@ def _solve(workdir, config, solver, mesh, progress):
         temperatures, holdout_loss, evaluations = _calibrate(solved, block, index, config, stream, counted_end,
                                                              solver) if holdout else (None, float("nan"), 0)
         report["calibration_evaluations"] += evaluations
-        solved["blocks"][index] = _scaled(block, config, temperatures)
+        # a structured chain: its calibrated dense layers' SVD (closed-form structured init)
+        solved["blocks"][index] = structure_chain(_scaled(block, config, temperatures), config)
         if config.exact_positions and temperatures is not None:      # the exact groups' temperatures
             solved["exact"]["beta"] = temperatures[config.cipher_groups:]
         report[f"seconds_{tag}_calibration"] = time.perf_counter() - tick
