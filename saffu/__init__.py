@@ -63,8 +63,8 @@ _EXPORTS = {
     "saffu.training.checkpoints": ["load_explicit", "load_params", "save_explicit"],
     "saffu.eval.metrics": ["language_model_metrics", "pair_counts", "split_metrics"],
     "saffu.eval.scoring": ["evaluate_split", "generate"],
-    "saffu.eval.attention": ["attention_profile", "effective_rank", "inspect_attention", "mean_attention",
-                             "offset_profile"],
+    "saffu.eval.attention": ["attention_profile", "effective_rank", "inspect_attention", "layers_before_lazy",
+                             "mean_attention", "offset_profile"],
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 

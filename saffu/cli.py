@@ -526,7 +526,13 @@ def _inherited(args, workdir, run: Path, existing: bool):
         raise SaffuError("--grow-by solve solves SAFFU blocks explicitly; a transformer grows by the reference's blocks")
     reference_params, _ = load_params(args.reference, reference)
     if args.start_from is None:
-        config, params = inherit(reference_params, reference, args.inherit_layers or max(1, getattr(reference, depth) // 2))
+        layers = args.inherit_layers
+        if layers is None and args.inherit_before_lazy:
+            from saffu.eval.attention import inspect_attention, layers_before_lazy
+            profile = inspect_attention(reference_params, reference, workdir.tokens("dev"), progress=not args.quiet)
+            layers = layers_before_lazy(profile, getattr(reference, depth))
+            _say(args, f"the reference's lazy layers: {profile['lazy_layers'] or 'none'}; inheriting {layers} blocks")
+        config, params = inherit(reference_params, reference, layers or max(1, getattr(reference, depth) // 2))
     else:
         start = _check_vocabulary(load_run_config(args.start_from), workdir, args.start_from)
         if start.kind != reference.kind:
@@ -915,6 +921,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "stack run, whose first blocks (each with its own output layer) start it")
     p.add_argument("--inherit-layers", type=int,
                    help="--init inherit: blocks to take (default: half the reference's, at least 1)")
+    p.add_argument("--inherit-before-lazy", action="store_true",
+                   help="--init inherit without --inherit-layers: take the blocks before the reference's first lazy "
+                        "layer (`saffu inspect`'s profile on 64 dev windows; half when none is lazy)")
     p.add_argument("--start-from", type=Path, metavar="RUN",
                    help="--init inherit: grow this trained run (fewer blocks, same width) instead: all of its "
                         "weights, then new blocks up to --inherit-layers (default: one more), see --grow-by")

@@ -157,8 +157,9 @@ def test_cli_inherits_and_grows_a_saffu_stack(tiny_workdir, tmp_path):
     ref, half, grown = tmp_path / "ref", tmp_path / "half", tmp_path / "grown"
     assert main(["fit", *work, "--run", str(ref), *stack, "--blocks", "2", "--holdout-tokens", "64",
                  "--eval-tokens", "64", "--quiet"]) == 0
-    assert main(["train", *work, "--run", str(half), "--init", "inherit", "--reference", str(ref), *short]) == 0
-    assert load_run_config(half).blocks == 1
+    assert main(["train", *work, "--run", str(half), "--init", "inherit", "--reference", str(ref),
+                 "--inherit-before-lazy", *short]) == 0
+    assert load_run_config(half).blocks == 1             # no lazy block (SAFFU attends over offsets): half
     # at learning rate 0 the grown run keeps what it was given: half's block, then one solved on it
     assert main(["train", *work, "--run", str(grown), "--init", "inherit", "--reference", str(ref),
                  "--start-from", str(half), "--grow-by", "solve", "--inherit-layers", "3", "--learning-rate", "0",
@@ -170,3 +171,11 @@ def test_cli_inherits_and_grows_a_saffu_stack(tiny_workdir, tmp_path):
     want, _ = solve_explicit(tiny_workdir, config, SolverConfig(), progress=False, below=trained)
     assert all(np.allclose(got["blocks"][i][k], want["blocks"][i][k], rtol=1e-6, atol=1e-6)
                for i in (1, 2) for k in want["blocks"][i])
+
+
+def test_inheritune_depth_stops_before_the_first_lazy_layer():
+    from saffu.eval.attention import layers_before_lazy
+    assert layers_before_lazy({"lazy_layers": [3, 4, 5]}, 6) == 3
+    assert layers_before_lazy({"lazy_layers": []}, 6) == 3          # none lazy: half
+    assert layers_before_lazy({"lazy_layers": [0, 1]}, 6) == 3      # the first is lazy: half
+    assert layers_before_lazy({"lazy_layers": []}, 1) == 1

@@ -278,6 +278,14 @@ def inspect_attention(params, config, stream: np.ndarray, windows: int = 64, seq
             "first_key_share_if_uniform": float(np.mean(1.0 / visible))}
 
 
+def layers_before_lazy(profile: dict, depth: int) -> int:
+    """Inheritune's depth from the attention profile of a ``depth``-layer reference
+    (:func:`inspect_attention`): the layers before its first lazy one, or half of them (at least
+    one) when none is lazy or the very first is."""
+    lazy = profile["lazy_layers"]
+    return lazy[0] if lazy and lazy[0] >= 1 else max(1, depth // 2)
+
+
 def profile_table(profile: dict) -> str:
     """A plain-text table of a profile, one line per layer."""
     offsets = profile.get("offsets")
