@@ -545,17 +545,15 @@ def _inherited(args, workdir, run: Path, existing: bool):
         if depth == "layers":
             while config.layers < target:
                 config, params = transformer.grow_layer(params, config, reference_params, reference)
+        elif dataclasses.replace(reference, blocks=start.blocks) != start:
+            raise SaffuError("the stack to grow and the reference differ in more than their block count")
         elif args.grow_by == "solve":
             from saffu.solve.saffu import solve_explicit
-            if dataclasses.replace(reference, blocks=start.blocks) != start:
-                raise SaffuError("the stack to grow and the reference differ in more than their block count")
             _say(args, f"solving blocks {start.blocks} … {target - 1} explicitly on top of {args.start_from}")
             params, _ = solve_explicit(workdir, dataclasses.replace(start, blocks=target), progress=not args.quiet,
                                        below=params)
             config = dataclasses.replace(start, blocks=target)
         else:
-            if dataclasses.replace(reference, blocks=start.blocks) != start:
-                raise SaffuError("the stack to grow and the reference differ in more than their block count")
             if target > reference.blocks:
                 raise SaffuError(f"the reference has {reference.blocks} blocks; cannot grow to {target} "
                                  f"(--grow-by solve can)")
