@@ -87,6 +87,16 @@ def first_visible(tokens: jax.Array) -> jax.Array:
     return jnp.maximum(jax.lax.cummax(jnp.where(tokens == EOD_ID, positions, -1), axis=1), 0)
 
 
+def _offset_layers(params, config, tokens: jax.Array):
+    """Per layer of an offset model (SAFFU stack or factorised), its heads' attention
+    ``[B, S, M_h]`` and the offsets' visibility ``bool[B, S, M]``."""
+    if config.kind == "saffu":
+        from saffu.models.saffu import saffu_attention
+        return saffu_attention(params, config, tokens)
+    from saffu.models.factorised import factorised_attention
+    return factorised_attention(params, config, tokens)
+
+
 @functools.partial(jax.jit, static_argnums=1)
 def _summed(params, config, tokens: jax.Array, weights: jax.Array):
     """Per layer, per head: the attention of ``tokens int32[B, S]`` summed over the batch with
@@ -103,12 +113,7 @@ def _summed(params, config, tokens: jax.Array, weights: jax.Array):
             maps.append(list(jnp.einsum("b,bhqk->hqk", weights, a)))
             starts.append(list(jnp.einsum("b,bhq->h", weights, on_first)))
         return maps, starts
-    if config.kind == "saffu":
-        from saffu.models.saffu import saffu_attention
-        layers = saffu_attention(params, config, tokens)
-    else:
-        from saffu.models.factorised import factorised_attention
-        layers = factorised_attention(params, config, tokens)
+    layers = _offset_layers(params, config, tokens)
     back = jnp.arange(tokens.shape[1])[None, :] - first                         # offset of the first key
     maps, starts = [], []
     for heads, visible in layers:
@@ -169,12 +174,7 @@ def _offset_sums(params, config, tokens: jax.Array, weights: jax.Array):
     head, the attention summed per offset ``[M_h]``, the summed top weight and the query count."""
     if config.kind == "residual":
         params, config = params["model"], config.base
-    if config.kind == "saffu":
-        from saffu.models.saffu import saffu_attention
-        layers = saffu_attention(params, config, tokens)
-    else:
-        from saffu.models.factorised import factorised_attention
-        layers = factorised_attention(params, config, tokens)
+    layers = _offset_layers(params, config, tokens)
     sums = []
     for heads, visible in layers:
         per_head = []
