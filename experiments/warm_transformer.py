@@ -10,7 +10,16 @@ rate and data order per seed:
   ``explicit-bias`` takes the bias only, ``explicit-embed`` the bias and the embeddings;
 * ``residual``: ``logits = log P_exact + f_θ`` over the exact token-resolution model
   (``saffu exact``, Kneser-Ney chain, frozen), ``f_θ``'s output layer at zero, so step 0 is the
-  exact model; ``residual-learned`` also learns ``λ``.
+  exact model; ``residual-learned`` also learns ``λ``; ``residual-annealed`` lets ``λ`` fall
+  from 1 to 0 over the first half of the steps, then trains (and keeps) ``f_θ`` alone;
+* ``kn-residual``: the same residual over a plain interpolated modified Kneser-Ney 5-gram from the
+  engine's counts (the exact model's nested chain ``0 | 0,1 | 0,1,2 | 0,1,2,3`` with every
+  temperature 1 and no held-out calibration: the log-linear sum telescopes to the 5-gram).
+
+Learning rates: ``--probe-lrs`` gives every variant the same probe budget — one run per rate on
+``--probe-fraction`` of the training data (seed 0, one epoch of it), scored by its last periodic
+dev loss — and each variant's main runs use its best rate (``probe/choice.json``); without it,
+every variant runs at ``--learning-rate``.
 
 For every fraction of the training data (whole documents, :func:`saffu.data.workdir.
 subset_workdir`) the explicit parts are solved from that fraction only, and their seconds are
@@ -24,6 +33,9 @@ same windows).
 
     python experiments/warm_transformer.py --workdir runs/babylm --out runs/warm_transformer \\
         --exact-run runs/exact_kn --variants cold residual --seeds 0 1 2
+    python experiments/warm_transformer.py --workdir runs/babylm --out runs/warm_transformer \\
+        --exact-run runs/exact_kn --variants cold explicit-init residual kn-residual --seeds 0 \\
+        --probe-lrs 0.003 0.01 0.03
     python experiments/warm_transformer.py --workdir runs/babylm --out runs/warm_transformer --report
 """
 
@@ -37,7 +49,14 @@ from pathlib import Path
 
 import numpy as np
 
-VARIANTS = ("cold", "explicit-init", "explicit-bias", "explicit-embed", "residual", "residual-learned")
+VARIANTS = ("cold", "explicit-init", "explicit-bias", "explicit-embed", "residual", "residual-learned",
+            "residual-annealed", "kn-residual")
+RESIDUAL_SCALE = {"residual": "fixed", "residual-learned": "learned", "residual-annealed": "annealed",
+                  "kn-residual": "fixed"}
+#: The learning rate of every variant without a probe; runs at another rate carry it in their name.
+DEFAULT_LR = 0.01
+#: Kneser-Ney 5-gram as an exact model: the nested chain of the previous 1 … 4 tokens.
+KN_GROUPS = ((0,), (0, 1), (0, 1, 2), (0, 1, 2, 3))
 PIECES = {"explicit-init": ("bias", "embeddings", "output"), "explicit-bias": ("bias",),
           "explicit-embed": ("bias", "embeddings")}
 
@@ -52,13 +71,15 @@ def _workdir(source, out: Path, fraction: float):
     return subset_workdir(source, path, train_fraction=fraction)
 
 
-def _exact(workdir, out: Path, fraction: float, exact_run: Path | None):
-    """The exact model's run directory for this fraction (solved here unless given) and its seconds."""
+def _exact(workdir, out: Path, fraction: float, exact_run: Path | None, kneser_ney: bool = False):
+    """The exact model's run directory for this fraction (solved here unless given) and its
+    seconds; ``kneser_ney``: the plain Kneser-Ney 5-gram (:data:`KN_GROUPS`, temperatures 1)."""
     from saffu.configs import ExactConfig
     from saffu.eval.scoring import evaluate_split
     from saffu.solve.exact import solve_exact
     from saffu.training.checkpoints import save_explicit, save_run_config
-    run = exact_run if (exact_run is not None and fraction >= 1) else out / "exact" / f"{fraction:g}"
+    name = "kn" if kneser_ney else "exact"
+    run = exact_run if (exact_run is not None and fraction >= 1) else out / name / f"{fraction:g}"
     record = run / "solve.json"
     if record.exists():
         return run, json.loads(record.read_text())
@@ -66,7 +87,8 @@ def _exact(workdir, out: Path, fraction: float, exact_run: Path | None):
     if metrics.exists() and (run / "explicit").exists():        # a `saffu exact` run with --metrics-json
         report = json.loads(metrics.read_text())
     else:
-        config = ExactConfig(workdir.vocab_size)
+        config = (ExactConfig(workdir.vocab_size, groups=KN_GROUPS, buckets=(), holdout_tokens=0) if kneser_ney
+                  else ExactConfig(workdir.vocab_size))
         params, report = solve_exact(workdir, config, progress=False)
         run.mkdir(parents=True, exist_ok=True)
         save_run_config(run, config, workdir)
@@ -79,7 +101,13 @@ def _exact(workdir, out: Path, fraction: float, exact_run: Path | None):
     return run, summary
 
 
-def run_one(variant: str, seed: int, fraction: float, args, source) -> dict:
+def run_name(variant: str, seed: int, fraction: float, learning_rate: float) -> str:
+    """A main run's directory name (the rate only where it is not :data:`DEFAULT_LR`)."""
+    return f"{variant}_s{seed}_f{fraction:g}" + ("" if learning_rate == DEFAULT_LR else f"_lr{learning_rate:g}")
+
+
+def run_one(variant: str, seed: int, fraction: float, args, source, learning_rate: float,
+            run: Path | None = None, final_eval: bool = True) -> dict:
     import jax
 
     from saffu.configs import FactorConfig, FactorisedConfig, ResidualConfig, TrainConfig
@@ -105,21 +133,23 @@ def run_one(variant: str, seed: int, fraction: float, args, source) -> dict:
         solve_seconds = time.perf_counter() - tick
         extra["factor_holdout_loss"] = report.get("holdout_loss")
     else:
-        exact_run, summary = _exact(workdir, args.out, fraction, args.exact_run)
+        kneser_ney = variant == "kn-residual"
+        exact_run, summary = _exact(workdir, args.out, fraction, args.kn_run if kneser_ney else args.exact_run,
+                                    kneser_ney)
         explicit_config = load_run_config(exact_run)
-        config = ResidualConfig(base, explicit_config, str(exact_run.resolve()),
-                                scale="learned" if variant == "residual-learned" else "fixed")
+        config = ResidualConfig(base, explicit_config, str(exact_run.resolve()), scale=RESIDUAL_SCALE[variant])
         params = with_explicit(config.init(key), load_explicit(exact_run, explicit_config))
         solve_seconds = summary["seconds"]
         extra.update(explicit_dev_bpb=summary["dev_bpb"], explicit_dev_loss=summary["dev_loss"])
     fixed = {name: params[name] for name in getattr(config, "fixed_params", ())}
-    run = args.out / "runs" / f"{variant}_s{seed}_f{fraction:g}"
-    train_config = TrainConfig(learning_rate=args.learning_rate, seed=seed, eval_every=args.eval_every,
+    run = run or args.out / "runs" / run_name(variant, seed, fraction, learning_rate)
+    train_config = TrainConfig(learning_rate=learning_rate, seed=seed, eval_every=args.eval_every,
                                eval_windows=args.eval_windows, checkpoint_every=10**9)
     trained, history = train(config, params, workdir.tokens(workdir.train_split), train_config, run / "train",
                              dev_stream=workdir.tokens("dev"), progress=False)
-    scores = evaluate_split(trained, config, workdir, "dev", args.eval_tokens or None, progress=False)
-    result = {"variant": variant, "seed": seed, "fraction": fraction, "learning_rate": args.learning_rate,
+    scores = evaluate_split(trained, config, workdir, "dev", args.eval_tokens or None, progress=False) \
+        if final_eval else {}
+    result = {"variant": variant, "seed": seed, "fraction": fraction, "learning_rate": learning_rate,
               "trained_params": parameter_count(trained) - parameter_count(fixed),
               "train_tokens": int(len(workdir.tokens(workdir.train_split))), "solve_seconds": solve_seconds,
               "history": history, **extra, **scores}
@@ -127,6 +157,42 @@ def run_one(variant: str, seed: int, fraction: float, args, source) -> dict:
         result["scale"] = float(trained["scale"])
     (run / "result.json").write_text(json.dumps(result))
     return result
+
+
+def probe(variant: str, args, source) -> dict:
+    """The learning-rate probe of one variant: one run per rate of ``--probe-lrs`` on
+    ``--probe-fraction`` of the training data (seed 0, one epoch of it), each scored by its last
+    periodic dev loss (a main run of the same variant, fraction, seed and rate counts as its
+    probe). Returns and records (``probe/choice.json``) ``{"losses": {rate: loss},
+    "learning_rate": the best rate}``; a run that diverges scores ``inf``."""
+    fraction, losses = args.probe_fraction, {}
+    for learning_rate in args.probe_lrs:
+        main = args.out / "runs" / run_name(variant, 0, fraction, learning_rate) / "result.json"
+        path = args.out / "probe" / f"{variant}_lr{learning_rate:g}_f{fraction:g}"
+        if main.exists():
+            result = json.loads(main.read_text())
+        elif (path / "result.json").exists():
+            result = json.loads((path / "result.json").read_text())
+        else:
+            result = run_one(variant, 0, fraction, args, source, learning_rate, run=path, final_eval=False)
+            print(f"probe {variant:>17} lr {learning_rate:g}: dev loss {result['history'][-1]['dev_loss']:.4f}",
+                  flush=True)
+        loss = result["history"][-1]["dev_loss"]
+        losses[f"{learning_rate:g}"] = loss if math.isfinite(loss) else math.inf
+    best = min(args.probe_lrs, key=lambda rate: losses[f"{rate:g}"])
+    record = args.out / "probe" / "choice.json"
+    choice = json.loads(record.read_text()) if record.exists() else {}
+    choice[variant] = {"losses": losses, "learning_rate": best, "fraction": fraction}
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps(choice, indent=1))
+    return choice[variant]
+
+
+def _chosen_rates(out: Path) -> dict:
+    """``{variant: learning rate}`` picked by the probes so far (``probe/choice.json``)."""
+    record = out / "probe" / "choice.json"
+    return {variant: entry["learning_rate"] for variant, entry in
+            (json.loads(record.read_text()) if record.exists() else {}).items()}
 
 
 def _transformer(args, vocab_size: int):
@@ -155,23 +221,29 @@ def report(out: Path) -> dict:
         raise SystemExit(f"no finished runs under {out / 'runs'}")
     rows, lines = [], []
     fractions = sorted({r["fraction"] for r in results})
-    lines.append("| data | variant | seeds | trained params | dev bits/byte (mean ± sd) | dev loss | "
+    chosen = _chosen_rates(out)
+    rate_of = lambda variant: chosen.get(variant, DEFAULT_LR)
+    lines.append("| data | variant | learning rate | seeds | trained params | dev bits/byte (mean ± sd) | dev loss | "
                  "steps to target | seconds to target (solve incl.) | FLOPs to target |")
-    lines.append("|---|---|---|---|---|---|---|---|---|")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|")
     for fraction in fractions:
         here = [r for r in results if r["fraction"] == fraction]
-        cold = [r for r in here if r["variant"] == "cold"]
+        # the target: the cold start at its own (probed) rate, else at any rate it was run at
+        cold = ([r for r in here if r["variant"] == "cold" and r["learning_rate"] == rate_of("cold")]
+                or [r for r in here if r["variant"] == "cold"])
         if cold:
+            cold = [r for r in cold if r["learning_rate"] == cold[0]["learning_rate"]]
             target = float(np.mean([r["history"][-1]["dev_loss"] for r in cold]))
             cold_steps = float(np.mean([r["history"][-1]["step"] for r in cold]))
             cold_seconds = float(np.mean([r["history"][-1]["seconds"] for r in cold]))
             cold_flops = float(np.mean([r["history"][-1]["flops"] for r in cold]))
-        for variant in VARIANTS:
-            group = [r for r in here if r["variant"] == variant]
-            if not group:
-                continue
+        for variant, learning_rate in sorted({(r["variant"], r["learning_rate"]) for r in here},
+                                             key=lambda pair: (VARIANTS.index(pair[0]), pair[1])):
+            group = [r for r in here if r["variant"] == variant and r["learning_rate"] == learning_rate]
             bpb = [r["dev_bpb"] for r in group]
-            row = {"fraction": fraction, "variant": variant, "seeds": [r["seed"] for r in group],
+            row = {"fraction": fraction, "variant": variant, "learning_rate": learning_rate,
+                   "probe_choice": variant in chosen and chosen[variant] == learning_rate,
+                   "seeds": [r["seed"] for r in group],
                    "trained_params": group[0]["trained_params"], "dev_bpb_mean": float(np.mean(bpb)),
                    "dev_bpb_sd": float(np.std(bpb, ddof=1)) if len(bpb) > 1 else 0.0,
                    "dev_loss_mean": float(np.mean([r["dev_loss"] for r in group])),
@@ -182,7 +254,8 @@ def report(out: Path) -> dict:
             if cold:
                 # the target is the cold seeds' mean final loss; the cold start's own share is 100%
                 # by definition (a seed that ends above the mean would otherwise read "not reached")
-                at = (lambda r, key, offset: r["history"][-1][key]) if variant == "cold" else \
+                own = all(r in cold for r in group)
+                at = (lambda r, key, offset: r["history"][-1][key]) if own else \
                     (lambda r, key, offset: _first_at(r["history"], target, offset, key))
                 steps = [at(r, "step", 0.0) for r in group]
                 seconds = [at(r, "seconds", r["solve_seconds"]) for r in group]
@@ -194,13 +267,27 @@ def report(out: Path) -> dict:
             rows.append(row)
             share = (lambda key: f"{row[key]:.0%}" if key in row and math.isfinite(row[key]) else "not reached")
             sd = f" ± {row['dev_bpb_sd']:.4f}" if len(group) > 1 else " (one seed)"
-            lines.append(f"| {fraction:.0%} | {variant} | {len(group)} | {row['trained_params']:,} | "
+            rate = f"{learning_rate:g}" + (" (probed)" if row["probe_choice"] else "")
+            lines.append(f"| {fraction:.0%} | {variant} | {rate} | {len(group)} | {row['trained_params']:,} | "
                          f"{row['dev_bpb_mean']:.4f}{sd} | {row['dev_loss_mean']:.4f} | "
                          f"{share('steps_share')} | {share('seconds_share')} | {share('flops_share')} |")
+    record = out / "probe" / "choice.json"
+    probes = json.loads(record.read_text()) if record.exists() else {}
+    if probes:
+        rates = sorted({float(rate) for entry in probes.values() for rate in entry["losses"]})
+        lines += ["", f"Learning-rate probe (one run per rate on {next(iter(probes.values()))['fraction']:.0%} of "
+                      "the training data, seed 0; last periodic dev loss, nats/token):", "",
+                  "| variant | " + " | ".join(f"lr {rate:g}" for rate in rates) + " | chosen |",
+                  "|---|" + "---|" * (len(rates) + 1)]
+        for variant in sorted(probes, key=VARIANTS.index):
+            losses = probes[variant]["losses"]
+            lines.append(f"| {variant} | " + " | ".join(f"{losses[f'{rate:g}']:.4f}" if f"{rate:g}" in losses else "–"
+                                                        for rate in rates)
+                         + f" | {probes[variant]['learning_rate']:g} |")
     table = "\n".join(lines)
     (out / "report.md").write_text(table + "\n")
-    (out / "report.json").write_text(json.dumps({"rows": rows}, indent=1))
-    _plot(results, out / "curves.png")
+    (out / "report.json").write_text(json.dumps({"rows": rows, "probes": probes}, indent=1))
+    _plot([r for r in results if r["learning_rate"] == rate_of(r["variant"])] or results, out / "curves.png")
     print(table)
     return {"rows": rows}
 
@@ -211,7 +298,8 @@ def _plot(results: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
     full = [r for r in results if r["fraction"] == max(x["fraction"] for x in results)]
     figure, axes = plt.subplots(1, 3, figsize=(15, 4.2), sharey=True)
-    colours = dict(zip(VARIANTS, ("tab:gray", "tab:blue", "tab:cyan", "tab:purple", "tab:red", "tab:orange")))
+    colours = dict(zip(VARIANTS, ("tab:gray", "tab:blue", "tab:cyan", "tab:purple", "tab:red", "tab:orange",
+                                  "tab:pink", "tab:green")))
     for variant in VARIANTS:
         group = [r for r in full if r["variant"] == variant]
         for i, r in enumerate(group):
@@ -226,7 +314,8 @@ def _plot(results: list[dict], path: Path) -> None:
         axis.grid(alpha=0.3)
     axes[0].set_ylabel("dev loss (nats/token, evenly spaced windows)")
     axes[0].legend()
-    figure.suptitle("transformer, one epoch: cold start against explicit init and explicit residual (each seed)")
+    figure.suptitle("transformer, one epoch: cold start against explicit init and explicit residuals "
+                    "(each seed, each variant at its own learning rate)")
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
@@ -281,7 +370,16 @@ def main(argv=None):
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--fractions", type=float, nargs="+", default=[1.0], help="shares of the training split")
     parser.add_argument("--exact-run", type=Path, help="an existing `saffu exact` run of the whole training split")
-    parser.add_argument("--learning-rate", type=float, default=0.01, help="peak learning rate (every variant)")
+    parser.add_argument("--kn-run", type=Path,
+                        help="an existing Kneser-Ney 5-gram `saffu exact` run of the whole training split "
+                             "(--groups \"0 0,1 0,1,2 0,1,2,3\" --buckets --holdout-tokens 0), for kn-residual")
+    parser.add_argument("--learning-rate", type=float, default=DEFAULT_LR,
+                        help="peak learning rate of every variant (without --probe-lrs)")
+    parser.add_argument("--probe-lrs", type=float, nargs="+",
+                        help="probe these peak learning rates per variant (the same budget for each) and train each "
+                             "variant at its best")
+    parser.add_argument("--probe-fraction", type=float, default=0.25,
+                        help="share of the training data of each probe run")
     parser.add_argument("--width", type=int, default=128, help="transformer width")
     parser.add_argument("--layers", type=int, default=5, help="transformer blocks")
     parser.add_argument("--eval-every", type=int, default=50, help="steps between dev evaluations")
@@ -293,18 +391,22 @@ def main(argv=None):
                         help="also the attention diagnostics of every finished run (needs --workdir)")
     parser.add_argument("--inspect-windows", type=int, default=64, help="dev windows of the attention diagnostics")
     args = parser.parse_args(argv)
+    if args.probe_lrs and not 0 < args.probe_fraction <= 1:
+        parser.error("--probe-fraction must be in (0, 1]")
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.report:
         if args.workdir is None:
             parser.error("--workdir is required to train")
         from saffu.data.workdir import open_workdir
         source = open_workdir(args.workdir)
+        rates = {variant: probe(variant, args, source)["learning_rate"] if args.probe_lrs else args.learning_rate
+                 for variant in args.variants}
         for fraction in args.fractions:
             for seed in args.seeds:
                 for variant in args.variants:
-                    if (args.out / "runs" / f"{variant}_s{seed}_f{fraction:g}" / "result.json").exists():
+                    if (args.out / "runs" / run_name(variant, seed, fraction, rates[variant]) / "result.json").exists():
                         continue
-                    result = run_one(variant, seed, fraction, args, source)
+                    result = run_one(variant, seed, fraction, args, source, rates[variant])
                     print(f"{fraction:.0%} {variant:>16} seed {seed}: dev {result['dev_bpb']:.4f} bits/byte, "
                           f"{result['history'][-1]['seconds']:.0f} s training + {result['solve_seconds']:.0f} s solve",
                           flush=True)
@@ -316,8 +418,9 @@ def main(argv=None):
         inspect(args.out, args, open_workdir(args.workdir))
     if args.metrics_json:
         from saffu._io import write_metrics
-        write_metrics(args.metrics_json, {f"{row['variant']}_f{row['fraction']:g}_{key}": value for row in summary["rows"]
-                                          for key, value in row.items() if isinstance(value, float)})
+        write_metrics(args.metrics_json, {f"{row['variant']}_f{row['fraction']:g}_lr{row['learning_rate']:g}_{key}": value
+                                          for row in summary["rows"] for key, value in row.items()
+                                          if isinstance(value, float)})
 
 
 if __name__ == "__main__":

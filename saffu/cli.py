@@ -450,7 +450,8 @@ def cmd_train(args) -> dict:
                "steps": history[-1]["step"] if history else (resumed or 0)}
     if config.kind == "residual":
         fixed = {name: params[name] for name in config.fixed_params}
-        metrics.update(trained_params=metrics["params"] - parameter_count(fixed), scale=float(params["scale"]))
+        metrics.update(trained_params=metrics["params"] - parameter_count(fixed),
+                       scale=float(params["scale"]) if "scale" in params else 0.0)    # annealed: λ ends at 0
     if solve_seconds:
         metrics["solve_seconds"] = solve_seconds
     if history:
@@ -480,7 +481,8 @@ def _residual_model(args, workdir, run: Path, existing: bool):
         if explicit.kind != "exact":
             raise SaffuError(f"--residual {args.residual} holds a {explicit.kind}; it must be a `saffu exact` run")
         config = configs.ResidualConfig(_model_config(args, workdir.vocab_size), explicit,
-                                        str(Path(args.residual).resolve()), scale=args.residual_scale)
+                                        str(Path(args.residual).resolve()), scale=args.residual_scale,
+                                        anneal_share=args.anneal_share)
     if config.base.kind in ("saffu", "factorised"):
         workdir.check_radius(config.base.radius)
     params = with_explicit(config.init(jax.random.fold_in(jax.random.key(args.seed), 0)),
@@ -912,7 +914,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="learn a residual over the exact model of this run (`saffu exact`): logits = "
                         "λ · log P_exact + f(context), f's output layer at zero, so step 0 is the exact model")
     p.add_argument("--residual-scale", choices=configs.RESIDUAL_SCALES, default=configs.ResidualConfig.scale,
-                   help="λ fixed at 1 or learned (with --residual)")
+                   help="λ fixed at 1, learned, or annealed from 1 to 0 over --anneal-share of the steps, "
+                        "after which the explicit part is dropped (with --residual)")
+    p.add_argument("--anneal-share", type=float, default=configs.ResidualConfig.anneal_share,
+                   help="--residual-scale annealed: share of the training steps over which λ falls to 0")
     p.add_argument("--reference", type=Path, metavar="RUN",
                    help="--init inherit: a trained transformer run whose token embeddings, positions, first "
                         "--inherit-layers blocks, final norm and output layer start the new run; or a SAFFU "

@@ -439,8 +439,8 @@ class ExactConfig:
         nested group that is itself a parent counts continuations ``N1+(• c y)`` (distinct
         extensions seen in its child's rows) instead of raw counts; groups smoothed towards the
         unigram keep Witten-Bell ``κ · t(c)``; the chain's root (``(0,)``) is smoothed towards
-        the continuation unigram ``N1+(• y)`` and its rows carry ``log(p_cont / p)``, so it is
-        stored densely. The defaults, ``kneser_ney`` with ``κ = 2``, are what held-out training
+        the continuation unigram ``N1+(• y)`` and its rows carry ``log(p_cont / p)``, stored once
+        as the group's shift (its rows stay sparse). The defaults, ``kneser_ney`` with ``κ = 2``, are what held-out training
         data picked on babylm-2023-4src (held-out loss 4.2057; Witten-Bell 4.2957 / 4.2804 /
         4.2898 for κ = 1 / 2 / 4; Dirichlet μ = 100: 4.3849; ``experiments/exact_explicit.py``).
       buckets: lower edges of the context-count buckets after the first (contexts seen fewer
@@ -738,7 +738,7 @@ class TransformerConfig(SelfGuided):
         return flops
 
 
-RESIDUAL_SCALES = ("fixed", "learned")
+RESIDUAL_SCALES = ("fixed", "learned", "annealed")
 
 #: What an explicit init of the transformer takes from the explicit low-rank factors
 #: (:func:`saffu.models.transformer.explicit_transformer_init`).
@@ -760,8 +760,13 @@ class ResidualConfig:
       base: the trainable model's config (``f_θ``).
       explicit: the explicit model's config.
       explicit_run: run directory holding the explicit solution (``saffu exact --run``).
-      scale: ``"fixed"`` (``λ`` stays ``scale_init``) or ``"learned"`` (``λ`` is trained).
+      scale: ``"fixed"`` (``λ`` stays ``scale_init``), ``"learned"`` (``λ`` is trained) or
+        ``"annealed"``: ``λ`` falls from ``scale_init`` to 0 on a cosine over the first
+        ``anneal_share`` of the training steps, then the explicit part is dropped — the trained
+        model is ``f_θ`` alone (no sparse lookup at inference), which leaned on the explicit
+        model early on. ``λ`` is then a per-step input (:meth:`step_inputs`), not a parameter.
       scale_init: ``λ`` at step 0.
+      anneal_share: with ``"annealed"``, the share of the training steps over which ``λ`` falls.
     """
 
     base: Any
@@ -769,11 +774,14 @@ class ResidualConfig:
     explicit_run: str
     scale: str = "fixed"
     scale_init: float = 1.0
+    anneal_share: float = 0.5
     kind: str = "residual"
 
     def __post_init__(self):
         if self.scale not in RESIDUAL_SCALES:
             raise SaffuError(f"residual scale must be one of {', '.join(RESIDUAL_SCALES)}, got {self.scale!r}")
+        if not 0 < self.anneal_share <= 1:
+            raise SaffuError(f"the residual's anneal share must be in (0, 1], got {self.anneal_share}")
         if getattr(self.base, "kind", None) not in ("transformer", "saffu", "factorised"):
             raise SaffuError(f"the residual's trainable part must be a transformer, SAFFU or factorised model, "
                              f"got {getattr(self.base, 'kind', self.base)!r}")
@@ -801,8 +809,24 @@ class ResidualConfig:
 
     @property
     def fixed_params(self) -> tuple[str, ...]:
-        """Never trained: the explicit tables, and ``λ`` unless it is learned."""
-        return ("explicit",) if self.scale == "learned" else ("explicit", "scale")
+        """Never trained: the explicit tables, and ``λ`` when it is fixed (an annealed ``λ`` is
+        a per-step input, not a parameter)."""
+        return ("explicit", "scale") if self.scale == "fixed" else ("explicit",)
+
+    def anneal_steps(self, steps: int) -> int:
+        """Steps of a ``steps``-step run that read the explicit model (all of them unless annealed)."""
+        return max(1, round(self.anneal_share * steps)) if self.scale == "annealed" else steps
+
+    def step_inputs(self, step: int, steps: int) -> dict:
+        """Inputs of training step ``step`` of ``steps`` besides the parameters (see
+        :meth:`SelfGuided.step_inputs`): annealed, ``{"scale": λ}`` with
+        ``λ = scale_init · ½(1 + cos(π·step/anneal_steps))`` until ``anneal_steps``, then none,
+        and the explicit part is not computed; fixed or learned, none (``λ`` is a parameter)."""
+        import numpy as np
+        if self.scale != "annealed":
+            return {}
+        weight = guide_alpha(step, self.anneal_steps(steps))
+        return {} if weight is None else {"scale": np.float32(self.scale_init * weight)}
 
     def init(self, key) -> Params:
         """The trainable part at step 0 (:func:`saffu.models.residual.residual_init`); the
@@ -815,5 +839,15 @@ class ResidualConfig:
         return residual_logits(params, self, tokens)
 
     def forward_flops(self, seq_len: int) -> float:
-        """The trainable model's FLOPs plus the explicit lookup's and its log-softmax (``3V``)."""
+        """The trained model's FLOPs at inference: the trainable model's plus the explicit
+        lookup's and its log-softmax (``3V``); annealed, the trainable model's alone."""
+        if self.scale == "annealed":
+            return self.base.forward_flops(seq_len)
         return self.base.forward_flops(seq_len) + self.explicit.forward_flops(seq_len) + 3.0 * self.vocab_size
+
+    def step_forward_flops(self, seq_len: int, inputs: dict) -> float:
+        """:meth:`forward_flops` of a training step with these :meth:`step_inputs`: an annealed
+        step that still reads the explicit model pays for it."""
+        if "scale" in inputs:
+            return self.base.forward_flops(seq_len) + self.explicit.forward_flops(seq_len) + 3.0 * self.vocab_size
+        return self.forward_flops(seq_len)

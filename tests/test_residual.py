@@ -82,6 +82,37 @@ def test_no_gradient_reaches_the_frozen_explicit_tables(tiny_workdir, exact_mode
     assert history[0]["step"] == 0 and history[-1]["step"] == 6
 
 
+def test_annealed_residual_falls_to_its_trainable_model(tiny_workdir, exact_model, tmp_path):
+    V = tiny_workdir.vocab_size
+    base = TransformerConfig(V, width=16, layers=1, heads=2, context_tokens=4, max_len=64)
+    explicit_config, explicit = exact_model
+    config = ResidualConfig(base, explicit_config, "unused", scale="annealed", anneal_share=0.5)
+    params = with_explicit(config.init(jax.random.key(3)), explicit)
+    assert "scale" not in params and config.fixed_params == ("explicit",)
+    assert config.anneal_steps(6) == 3
+    schedule = [config.step_inputs(step, 6).get("scale") for step in range(6)]
+    assert schedule[0] == 1.0 and 1.0 > schedule[1] > schedule[2] > 0 and schedule[3:] == [None] * 3
+    tokens = _windows(tiny_workdir)
+    at_start = jax.nn.log_softmax(config.logits({**params, **config.step_inputs(0, 6)}, tokens), axis=-1)
+    want = jax.nn.log_softmax(explicit_config.logits(explicit, tokens), axis=-1)
+    np.testing.assert_allclose(np.asarray(at_start), np.asarray(want), atol=1e-5)      # step 0: the explicit model
+    np.testing.assert_array_equal(np.asarray(config.logits(params, tokens)),
+                                  np.asarray(base.logits(params["model"], tokens)))   # after: f_θ alone
+    assert config.step_forward_flops(16, {"scale": 0.5}) == pytest.approx(
+        base.forward_flops(16) + explicit_config.forward_flops(16) + 3.0 * V)
+    assert config.forward_flops(16) == base.forward_flops(16)                     # inference: no lookup
+
+    stream = tiny_workdir.tokens(tiny_workdir.train_split)
+    trained, history = train(config, params, stream, TrainConfig(steps=6, batch_size=2, seq_len=16, eval_every=3,
+                                                                 learning_rate=1e-2, warmup_steps=1),
+                             tmp_path / "run", dev_stream=tiny_workdir.tokens("dev"), progress=False)
+    assert "scale" not in trained
+    assert [h["step"] for h in history] == [0, 3, 6]
+    with_lookup, without = history[1]["xla_flops"] / 3, (history[2]["xla_flops"] - history[1]["xla_flops"]) / 3
+    assert without < with_lookup                              # steps after the anneal skip the explicit part
+    assert history[2]["flops"] - history[1]["flops"] < history[1]["flops"] - history[0]["flops"]
+
+
 def test_residual_config_errors(exact_model):
     explicit_config, _ = exact_model
     base = TransformerConfig(explicit_config.vocab_size, width=16, layers=1, heads=2)

@@ -22,9 +22,14 @@ parameters (a pytree of arrays, :func:`saffu.solve.exact.solve_exact`)::
      "groups": [{"levels": [{"start": int32[C_{j-1} + 2], "token": int32[C_j]}, …],
                  "const": float32[C + 1], "bucket": int32[C + 1],
                  "ell_col": int32[C + 1, k], "ell_val": float32[C + 1, k],
-                 "dense_index": int32[C + 1], "dense_rows": float32[D + 1, V]}, …]}
+                 "dense_index": int32[C + 1], "dense_rows": float32[D + 1, V],
+                 "shift": float32[V] (optional)}, …]}
 
 (row ``C`` of every per-context array, and dense row ``D``, is the "unseen context" sentinel).
+A group with a ``"shift"`` (a Kneser-Ney chain's root, smoothed towards the continuation
+unigram rather than ``p``) adds it to the row of every context but the sentinel: one ``V``-vector
+for the group, so no group ever stores ``V × V`` (runs solved before it was introduced stored the
+shift in dense rows instead; they load and score the same).
 """
 
 from __future__ import annotations
@@ -102,6 +107,9 @@ def table_rows(group: Params, ids: jax.Array) -> jax.Array:
     """The ``V``-wide rows ``L_g[c, :]`` of one group's contexts ``int32[N]`` (ids from
     :func:`context_ids`; for a one-token group the token itself) -> ``float32[N, V]``."""
     row = group["dense_rows"][group["dense_index"][ids]] + group["const"][ids][:, None]
+    if "shift" in group:                  # every context but the "never counted" sentinel
+        counted = ids < group["const"].shape[0] - 1
+        row = row + jnp.where(counted[:, None], group["shift"], 0.0)
     return row.at[jnp.arange(ids.shape[0])[:, None], group["ell_col"][ids]].add(group["ell_val"][ids], mode="drop")
 
 

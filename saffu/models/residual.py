@@ -11,6 +11,10 @@ differentiates or updates them, and :func:`residual_logits` stops their gradient
 Parameters::
 
     {"model": f_θ's params, "scale": float32[] (λ), "explicit": the exact model's params}
+
+With an annealed ``λ`` (``scale="annealed"``) ``"scale"`` is not a parameter but a per-step
+input (:meth:`saffu.configs.ResidualConfig.step_inputs`); without it the logits are ``f_θ``'s
+alone and the explicit tables are not read — the trained model after its anneal.
 """
 
 from __future__ import annotations
@@ -63,9 +67,12 @@ def _zero_output_layer(params: Params) -> None:
 
 def residual_init(config: ResidualConfig, key: jax.Array) -> Params:
     """The trainable part at step 0: ``f_θ`` randomly initialised (``config.base.init``) with
-    its output layer at zero, and ``λ = config.scale_init``."""
-    return {"model": zero_output(config.base.kind, config.base.init(key)),
-            "scale": jnp.asarray(config.scale_init, jnp.float32)}
+    its output layer at zero, and ``λ = config.scale_init`` (annealed: no ``"scale"``; the
+    trainer passes each step's ``λ``)."""
+    model = {"model": zero_output(config.base.kind, config.base.init(key))}
+    if config.scale == "annealed":
+        return model
+    return {**model, "scale": jnp.asarray(config.scale_init, jnp.float32)}
 
 
 def with_explicit(params: Params, explicit: Params) -> Params:
@@ -81,7 +88,10 @@ def explicit_log_probs(params: Params, config: ResidualConfig, tokens: jax.Array
 
 
 def residual_logits(params: Params, config: ResidualConfig, tokens: jax.Array) -> jax.Array:
-    """``λ · log P_explicit + f_θ``: ``int32[B, S]`` -> ``float32[B, S, V]``."""
+    """``λ · log P_explicit + f_θ``: ``int32[B, S]`` -> ``float32[B, S, V]``; ``f_θ`` alone
+    when ``params`` hold no ``"scale"`` (an annealed residual after its anneal)."""
     trained = config.base.logits(params["model"], tokens)
+    if "scale" not in params:
+        return trained
     return params["scale"].astype(trained.dtype) * explicit_log_probs(params, config, tokens).astype(trained.dtype) \
         + trained
