@@ -145,8 +145,10 @@ def run_one(variant: str, seed: int, fraction: float, args, source, learning_rat
     run = run or args.out / "runs" / run_name(variant, seed, fraction, learning_rate)
     train_config = TrainConfig(learning_rate=learning_rate, seed=seed, eval_every=args.eval_every,
                                eval_windows=args.eval_windows, checkpoint_every=10**9)
-    trained, history = train(config, params, workdir.tokens(workdir.train_split), train_config, run / "train",
-                             dev_stream=workdir.tokens("dev"), progress=False)
+    trained, _ = train(config, params, workdir.tokens(workdir.train_split), train_config, run / "train",
+                       dev_stream=workdir.tokens("dev"), progress=False)
+    # every evaluation of the run, also those before a resume (the trainer returns only this call's)
+    history = [json.loads(line) for line in (run / "train" / "metrics.jsonl").read_text().splitlines() if line]
     scores = evaluate_split(trained, config, workdir, "dev", args.eval_tokens or None, progress=False) \
         if final_eval else {}
     result = {"variant": variant, "seed": seed, "fraction": fraction, "learning_rate": learning_rate,

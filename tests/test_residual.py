@@ -191,6 +191,14 @@ def test_cli_residual_and_explicit_transformer(tiny_workdir, exact_model, tmp_pa
     assert json.loads(metrics.read_text())["samples"] == 2
     assert main(["train", *work, "--run", str(run), "--init", "explicit", "--residual", str(exact_run), *small]) == 2
     assert "--init random" in capsys.readouterr().err
+    annealed = tmp_path / "annealed"             # λ falls to 0: the trained model is f_θ alone, no lookup
+    assert main(["train", *work, "--run", str(annealed), "--init", "random", "--residual", str(exact_run), *small,
+                 "--steps", "4", "--residual-scale", "annealed", "--anneal-share", "0.5",
+                 "--metrics-json", str(metrics)]) == 0
+    trained = json.loads(metrics.read_text())
+    assert trained["scale"] == 0.0 and trained["dev_bpb"] != pytest.approx(exact_bpb, rel=1e-3)
+    assert main(["eval", *work, "--run", str(annealed), "--quiet", "--metrics-json", str(metrics)]) == 0
+    assert json.loads(metrics.read_text())["dev_bpb"] == pytest.approx(trained["dev_bpb"], rel=1e-5)
     warm = tmp_path / "warm"
     assert main(["train", *work, "--run", str(warm), "--init", "explicit", *small, "--steps", "2",
                  "--explicit-pieces", "bias", "--holdout-tokens", "200", "--metrics-json", str(metrics)]) == 0

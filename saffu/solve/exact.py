@@ -285,35 +285,31 @@ def exact_rows(params: Params, config: ExactConfig, tokens: jax.Array):
     return params["log_prior"], group_rows(params, config, tokens)
 
 
-def _batch_rows(params: Params, config, rows_fn, windows: jax.Array):
-    """The parts of one batch's logits that do not depend on the temperatures:
-    ``(base float32[V] or [P, V], rows float32[G, P, V], buckets int32[P, G])`` (``P`` = the
-    batch's positions) of a model that ``rows_fn`` splits as :func:`exact_rows` does."""
-    base, group_terms = rows_fn(params, config, windows)
-    rows, buckets = zip(*group_terms)
-    return base, jnp.stack(rows), jnp.stack(buckets, axis=1)
-
-
-def _moments(beta: jax.Array, base: jax.Array, rows: jax.Array, buckets: jax.Array, windows: jax.Array,
-             mask: jax.Array, context: int):
+def _newton_terms(params: Params, config, rows_fn, windows: jax.Array, mask: jax.Array):
     """Loss, gradient ``float32[G·B]`` and Hessian ``float32[G·B, G·B]`` of the summed NLL of
-    one batch of windows over the temperatures ``beta float32[G, B]``, from the batch's
-    :func:`_batch_rows`, and the target count.
+    one batch of windows over the temperatures ``params["beta"]`` (``float32[G, B]``) of a model
+    whose logits ``rows_fn(params, config, windows)`` splits as in :func:`exact_rows`, and the
+    target count.
 
     The moments are plain float32 sums over the vocabulary (one per group and one per pair of
     groups), not matmuls, so no backend lowers their precision."""
-    G, B = beta.shape
-    slot = buckets + (jnp.arange(G) * B)[None, :]                          # [P, G]
-    scale = beta.reshape(-1)[slot]                                         # [P, G]
-    logits = jnp.broadcast_to(base, rows.shape[1:]) + sum(scale[:, g, None] * rows[g] for g in range(G))
+    context = config.context
+    G, B = params["beta"].shape
+    rows, active = [], []
+    base, group_terms = rows_fn(params, config, windows)
+    for g, (row, bucket) in enumerate(group_terms):
+        rows.append(row)
+        active.append(g * B + bucket)
+    slot = jnp.stack(active, axis=1)                                       # [P, G]
+    beta = params["beta"].reshape(-1)[slot]                                # [P, G]
+    logits = jnp.broadcast_to(base, rows[0].shape) + sum(beta[:, g, None] * rows[g] for g in range(G))
     log_p = jax.nn.log_softmax(logits, axis=-1)
     p = jnp.exp(log_p)
     targets = jnp.pad(windows[:, 1:], ((0, 0), (0, 1))).reshape(-1)       # position p predicts p + 1
     weight = jnp.zeros(windows.shape, jnp.float32).at[:, context - 1:-1].set(mask).reshape(-1)
     nll = -jnp.take_along_axis(log_p, targets[:, None], axis=1)[:, 0]
-    picked = jnp.stack([jnp.take_along_axis(rows[g], targets[:, None], axis=1)[:, 0] for g in range(G)],
-                       axis=1)                                             # [P, G]
-    weighted = [p * rows[g] for g in range(G)]
+    picked = jnp.stack([jnp.take_along_axis(r, targets[:, None], axis=1)[:, 0] for r in rows], axis=1)  # [P, G]
+    weighted = [p * r for r in rows]
     mean = jnp.stack([jnp.sum(w, axis=-1) for w in weighted], axis=1)     # [P, G]
     pair = {(g, h): jnp.sum(weighted[g] * rows[h], axis=-1) for g in range(G) for h in range(g, G)}
     second = jnp.stack([jnp.stack([pair[min(g, h), max(g, h)] for h in range(G)], axis=-1) for g in range(G)],
@@ -323,11 +319,6 @@ def _moments(beta: jax.Array, base: jax.Array, rows: jax.Array, buckets: jax.Arr
     grad = jnp.einsum("pg,pga->a", weight[:, None] * (mean - picked), onehot)
     hess = jnp.einsum("pgh,pga,phb->ab", weight[:, None, None] * cov, onehot, onehot)
     return jnp.sum(weight * nll), grad, hess, jnp.sum(weight)
-
-
-def _newton_terms(params: Params, config, rows_fn, windows: jax.Array, mask: jax.Array):
-    """:func:`_moments` of one batch at ``params["beta"]``, its rows computed here."""
-    return _moments(params["beta"], *_batch_rows(params, config, rows_fn, windows), windows, mask, config.context)
 
 
 def _penalty(G: int, B: int, strength: float) -> np.ndarray:
@@ -343,15 +334,10 @@ def _penalty(G: int, B: int, strength: float) -> np.ndarray:
 
 def calibrate(params: Params, config, stream: np.ndarray, ranges: list[tuple[int, int]],
               progress: bool = True, seq_len: int = 128, batch_size: int = 4, smoothness: float = 0.01,
-              parts: int = 4, rows_fn=exact_rows, iterations: int | None = None, cache_mb: float = 1024):
+              parts: int = 4, rows_fn=exact_rows, iterations: int | None = None):
     """Damped Newton on ``β[g, bucket]`` (``params["beta"]``) over the targets of ``ranges``
     (convex), for the exact model or any model that ``rows_fn`` splits as :func:`exact_rows`
     does; ``iterations`` defaults to ``config.calibration_iterations``.
-
-    The rows do not depend on ``β``: when all of them (``G`` float32 ``V``-wide rows per
-    held-out window position) fit in ``cache_mb`` megabytes they are computed once and every Newton
-    evaluation only recombines them (the factorised model's rows are matmuls, so this is most of
-    its calibration's cost); otherwise each evaluation recomputes them batch by batch.
 
     Minimises the mean held-out NLL plus the smoothness penalty of :func:`_penalty` (weight
     ``smoothness`` per held-out token). Starts from ``β = 1/G`` (summed LLR groups over-count
@@ -362,17 +348,8 @@ def calibrate(params: Params, config, stream: np.ndarray, ranges: list[tuple[int
     """
     batches = [(jnp.asarray(w), jnp.asarray(m)) for w, m in range_windows(stream, ranges, config.context, seq_len,
                                                                           batch_size)]
+    step = jax.jit(_newton_terms, static_argnums=(1, 2))
     G, B = params["beta"].shape
-    positions = batch_size * (config.context + seq_len) if not batches else batches[0][0].size
-    if len(batches) * positions * config.vocab_size * 4 * G <= cache_mb * 2**20:
-        rows_of = jax.jit(_batch_rows, static_argnums=(1, 2))
-        cache = {id(windows): rows_of(params, config, rows_fn, windows) for windows, _ in batches}
-        moments = jax.jit(_moments, static_argnums=6)
-        step = lambda current, windows, mask: moments(current["beta"], *cache[id(windows)], windows, mask,
-                                                      config.context)
-    else:
-        newton_terms = jax.jit(_newton_terms, static_argnums=(1, 2))
-        step = lambda current, windows, mask: newton_terms(current, config, rows_fn, windows, mask)
     evaluations = 0.0
     penalty = _penalty(G, B, smoothness)
     objective = lambda loss, beta: loss + 0.5 * beta @ penalty @ beta
@@ -383,7 +360,7 @@ def calibrate(params: Params, config, stream: np.ndarray, ranges: list[tuple[int
         current = {**params, "beta": jnp.asarray(beta.reshape(G, B), jnp.float32)}
         total, grad, hess, count = 0.0, np.zeros(G * B), np.zeros((G * B, G * B)), 0.0
         for windows, mask in used:
-            l, gr, h, c = step(current, windows, mask)
+            l, gr, h, c = step(current, config, rows_fn, windows, mask)
             total, grad, hess, count = (total + float(l), grad + np.asarray(gr, np.float64),
                                         hess + np.asarray(h, np.float64), count + float(c))
         return total / count, grad / count, hess / count
