@@ -190,13 +190,6 @@ def probe(variant: str, args, source) -> dict:
     return choice[variant]
 
 
-def _chosen_rates(out: Path) -> dict:
-    """``{variant: learning rate}`` picked by the probes so far (``probe/choice.json``)."""
-    record = out / "probe" / "choice.json"
-    return {variant: entry["learning_rate"] for variant, entry in
-            (json.loads(record.read_text()) if record.exists() else {}).items()}
-
-
 def _transformer(args, vocab_size: int):
     from saffu.configs import TransformerConfig
     return TransformerConfig(vocab_size, width=args.width, layers=args.layers)
@@ -223,7 +216,9 @@ def report(out: Path) -> dict:
         raise SystemExit(f"no finished runs under {out / 'runs'}")
     rows, lines = [], []
     fractions = sorted({r["fraction"] for r in results})
-    chosen = _chosen_rates(out)
+    record = out / "probe" / "choice.json"
+    probes = json.loads(record.read_text()) if record.exists() else {}      # the learning-rate probes so far
+    chosen = {variant: entry["learning_rate"] for variant, entry in probes.items()}
     rate_of = lambda variant: chosen.get(variant, DEFAULT_LR)
     lines.append("| data | variant | learning rate | seeds | trained params | dev bits/byte (mean ± sd) | dev loss | "
                  "steps to target | seconds to target (solve incl.) | FLOPs to target |")
@@ -273,8 +268,6 @@ def report(out: Path) -> dict:
             lines.append(f"| {fraction:.0%} | {variant} | {rate} | {len(group)} | {row['trained_params']:,} | "
                          f"{row['dev_bpb_mean']:.4f}{sd} | {row['dev_loss_mean']:.4f} | "
                          f"{share('steps_share')} | {share('seconds_share')} | {share('flops_share')} |")
-    record = out / "probe" / "choice.json"
-    probes = json.loads(record.read_text()) if record.exists() else {}
     if probes:
         rates = sorted({float(rate) for entry in probes.values() for rate in entry["losses"]})
         lines += ["", f"Learning-rate probe (one run per rate on {next(iter(probes.values()))['fraction']:.0%} of "
