@@ -440,8 +440,8 @@ class ExactConfig:
         extensions seen in its child's rows) instead of raw counts; groups smoothed towards the
         unigram keep Witten-Bell ``κ · t(c)``; the chain's root (``(0,)``) is smoothed towards
         the continuation unigram ``N1+(• y)`` and its rows carry ``log(p_cont / p)``, stored once
-        as the group's shift (its rows stay sparse). The defaults, ``kneser_ney`` with ``κ = 2``, are what held-out training
-        data picked on babylm-2023-4src (held-out loss 4.2057; Witten-Bell 4.2957 / 4.2804 /
+        as the group's shift (its rows stay sparse). The defaults, ``kneser_ney`` with ``κ = 2``,
+        are what held-out training data picked on babylm-2023-4src (held-out loss 4.2057; Witten-Bell 4.2957 / 4.2804 /
         4.2898 for κ = 1 / 2 / 4; Dirichlet μ = 100: 4.3849; ``experiments/exact_explicit.py``).
       buckets: lower edges of the context-count buckets after the first (contexts seen fewer
         than ``buckets[0]`` times are bucket 0); each group has one temperature per bucket
@@ -841,13 +841,12 @@ class ResidualConfig:
     def forward_flops(self, seq_len: int) -> float:
         """The trained model's FLOPs at inference: the trainable model's plus the explicit
         lookup's and its log-softmax (``3V``); annealed, the trainable model's alone."""
-        if self.scale == "annealed":
-            return self.base.forward_flops(seq_len)
-        return self.base.forward_flops(seq_len) + self.explicit.forward_flops(seq_len) + 3.0 * self.vocab_size
+        return self.step_forward_flops(seq_len, {} if self.scale == "annealed" else {"scale": None})
 
     def step_forward_flops(self, seq_len: int, inputs: dict) -> float:
-        """:meth:`forward_flops` of a training step with these :meth:`step_inputs`: an annealed
-        step that still reads the explicit model pays for it."""
-        if "scale" in inputs:
-            return self.base.forward_flops(seq_len) + self.explicit.forward_flops(seq_len) + 3.0 * self.vocab_size
-        return self.forward_flops(seq_len)
+        """:meth:`forward_flops` of a training step with these :meth:`step_inputs`: a step that
+        reads the explicit model (``"scale"`` among its inputs, or ``λ`` a parameter) pays for it."""
+        flops = self.base.forward_flops(seq_len)
+        if "scale" in inputs or self.scale != "annealed":
+            flops += self.explicit.forward_flops(seq_len) + 3.0 * self.vocab_size
+        return flops
