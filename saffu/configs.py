@@ -441,8 +441,9 @@ class ExactConfig:
         unigram keep Witten-Bell ``κ · t(c)``; the chain's root (``(0,)``) is smoothed towards
         the continuation unigram ``N1+(• y)`` and its rows carry ``log(p_cont / p)``, stored once
         as the group's shift (its rows stay sparse). The defaults, ``kneser_ney`` with ``κ = 2``,
-        are what held-out training data picked on babylm-2023-4src (held-out loss 4.2057; Witten-Bell 4.2957 / 4.2804 /
-        4.2898 for κ = 1 / 2 / 4; Dirichlet μ = 100: 4.3849; ``experiments/exact_explicit.py``).
+        are what held-out training data picked on babylm-2023-4src (held-out loss 4.2057;
+        Witten-Bell 4.2957 / 4.2804 / 4.2898 for κ = 1 / 2 / 4; Dirichlet μ = 100: 4.3849;
+        ``experiments/exact_explicit.py``).
       buckets: lower edges of the context-count buckets after the first (contexts seen fewer
         than ``buckets[0]`` times are bucket 0); each group has one temperature per bucket
         (``()``: one temperature per group).
