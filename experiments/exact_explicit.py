@@ -67,6 +67,8 @@ def main(argv=None):
           f"(holdout {full['holdout_loss']:.4f}; solve {full['seconds']:.1f} s, peak RSS "
           f"{full['peak_rss_mb']:,.0f} MB)", flush=True)
     results = {"config": dataclasses.asdict(config), "all": full, "without": {}}
+    args.out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(args.out / "results.json", results)          # rewritten after every ablation
     if args.ablate and len(config.groups) > 1:
         for group in config.groups:
             rest = tuple(g for g in config.groups if g != group)
@@ -77,10 +79,9 @@ def main(argv=None):
             row = solve_and_score(workdir, dataclasses.replace(config, groups=rest, bucket_by=bucket_by),
                                   args.eval_tokens)
             results["without"][",".join(map(str, group))] = row
+            atomic_write_json(args.out / "results.json", results)
             print(f"without {group}: dev {row['dev_bpb']:.4f} bits/byte (+{row['dev_bpb'] - full['dev_bpb']:.4f})",
                   flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(args.out / "results.json", results)
     write_metrics(args.metrics_json, {"dev_bpb": full["dev_bpb"], "dev_loss": full["dev_loss"],
                                       "solve_seconds": full["seconds"], "peak_rss_mb": full["peak_rss_mb"],
                                       **{f"without_{k}_dev_bpb": v["dev_bpb"] for k, v in results["without"].items()}})

@@ -98,6 +98,18 @@ def test_explicit_solution_has_the_random_init_tree_and_calibrates(tiny_workdir)
     assert np.all(np.isfinite(E)) and np.all(np.isfinite(B))
 
 
+def test_one_final_newton_step_reaches_the_held_out_optimum_of_three(tiny_workdir):
+    config = FactorisedConfig(vocab_size=tiny_workdir.vocab_size, rank=16, positions=2, radius=4, heads=1)
+    reports = {final: solve_factorised(tiny_workdir, config, FactorConfig(holdout_tokens=300, buckets=(3,),
+                                                                          final_iterations=final), progress=False)[1]
+               for final in (0, 1, 3)}
+    assert reports[1]["calibration_evaluations"] < reports[3]["calibration_evaluations"]
+    assert reports[1]["holdout_loss"] <= reports[0]["holdout_loss"] + 1e-6          # the full-slice step helps
+    assert reports[1]["holdout_loss"] == pytest.approx(reports[3]["holdout_loss"], abs=1e-3)
+    with pytest.raises(SaffuError, match="final_iterations"):
+        FactorConfig(final_iterations=-1)
+
+
 def test_attention_counts_only_once_its_value_map_moves(tiny_workdir):
     config = FactorisedConfig(vocab_size=tiny_workdir.vocab_size, rank=8, positions=1, radius=4, heads=1)
     params = init_params(config, jax.random.key(1))

@@ -334,10 +334,11 @@ def _penalty(G: int, B: int, strength: float) -> np.ndarray:
 
 def calibrate(params: Params, config, stream: np.ndarray, ranges: list[tuple[int, int]],
               progress: bool = True, seq_len: int = 128, batch_size: int = 4, smoothness: float = 0.01,
-              parts: int = 4, rows_fn=exact_rows, iterations: int | None = None):
+              parts: int = 4, rows_fn=exact_rows, iterations: int | None = None, final_iterations: int = 3):
     """Damped Newton on ``β[g, bucket]`` (``params["beta"]``) over the targets of ``ranges``
     (convex), for the exact model or any model that ``rows_fn`` splits as :func:`exact_rows`
-    does; ``iterations`` defaults to ``config.calibration_iterations``.
+    does; ``iterations`` (on the first part) defaults to ``config.calibration_iterations``,
+    ``final_iterations`` are those on all of the batches.
 
     Minimises the mean held-out NLL plus the smoothness penalty of :func:`_penalty` (weight
     ``smoothness`` per held-out token). Starts from ``β = 1/G`` (summed LLR groups over-count
@@ -389,6 +390,6 @@ def calibrate(params: Params, config, stream: np.ndarray, ranges: list[tuple[int
         beta, _ = newton(np.full(G * B, 1.0 / G), first,
                          config.calibration_iterations if iterations is None else iterations)
         bar.update()
-        beta, loss = newton(beta, batches, 3)
+        beta, loss = newton(beta, batches, final_iterations)
         bar.update()
     return jnp.asarray(beta.reshape(G, B), jnp.float32), float(loss), float(loss_beta1), evaluations

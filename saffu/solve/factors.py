@@ -163,7 +163,8 @@ def solve_factorised(workdir: WorkDir, config: FactorisedConfig, solver: FactorC
         calibrating = {**params, "beta": jnp.ones((P, len(solver.buckets) + 1), jnp.float32),
                        "bucket": jnp.asarray(bucket, jnp.int32)}
         beta, loss, unscaled, evaluations = calibrate(calibrating, config, stream, holdout, progress,
-                                                      rows_fn=factor_rows, iterations=solver.calibration_iterations)
+                                                      rows_fn=factor_rows, iterations=solver.calibration_iterations,
+                                                      final_iterations=solver.final_iterations)
         scale = np.asarray(beta)[np.arange(P)[:, None], bucket]                    # [P, V]
         params["embeddings"] = params["embeddings"] * jnp.asarray(scale, jnp.float32)[:, :, None]
         report.update(holdout_loss=loss, holdout_loss_unscaled=unscaled, calibration_evaluations=evaluations,
