@@ -110,6 +110,18 @@ def test_one_final_newton_step_reaches_the_held_out_optimum_of_three(tiny_workdi
         FactorConfig(final_iterations=-1)
 
 
+def test_calibration_batches_sized_to_the_cache_keep_the_optimum(tiny_workdir, monkeypatch):
+    import saffu.solve.factors as factors
+    assert [factors.calibration_positions(v) for v in (512, 8192, 30433, 50000)] == [128, 128, 32, 16]
+    config = FactorisedConfig(vocab_size=tiny_workdir.vocab_size, rank=16, positions=2, radius=4, heads=1)
+    solver = FactorConfig(holdout_tokens=300, buckets=(3,), final_iterations=5)     # to the whole slice's optimum
+    large = solve_factorised(tiny_workdir, config, solver, progress=False)[1]       # V = 280: 128 positions
+    monkeypatch.setattr(factors, "calibration_positions", lambda vocab_size: 16)
+    small = solve_factorised(tiny_workdir, config, solver, progress=False)[1]
+    for key in (k for k in small if k.startswith("beta_") or k == "holdout_loss"):
+        assert small[key] == pytest.approx(large[key], abs=1e-4), key
+
+
 def test_attention_counts_only_once_its_value_map_moves(tiny_workdir):
     config = FactorisedConfig(vocab_size=tiny_workdir.vocab_size, rank=8, positions=1, radius=4, heads=1)
     params = init_params(config, jax.random.key(1))

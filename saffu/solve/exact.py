@@ -346,6 +346,7 @@ def calibrate(params: Params, config, stream: np.ndarray, ranges: list[tuple[int
     on all of them from there (the optimum is the whole slice's; most steps cost a fraction of
     a pass); a step that raises the objective is halved. Returns ``(β float32[G, B], held-out
     NLL at β, held-out NLL of the first part at β = 1, evaluations in whole-slice equivalents)``.
+    Batches hold ``batch_size`` windows of ``seq_len`` targets.
     """
     batches = [(jnp.asarray(w), jnp.asarray(m)) for w, m in range_windows(stream, ranges, config.context, seq_len,
                                                                           batch_size)]
