@@ -214,8 +214,9 @@ def solve_exact(workdir: WorkDir, config: ExactConfig, progress: bool = True) ->
 
     Returns the params (see :mod:`saffu.models.exact`) and a report: ``seconds`` and
     ``seconds_count`` / ``seconds_tables`` / ``seconds_calibration``, ``counted_tokens``,
-    ``holdout_tokens``, ``holdout_loss`` (nats/token at the calibrated ``β``) and
-    ``holdout_loss_beta1``, per group ``group{g}_contexts`` / ``_pairs`` / ``_dense_contexts`` /
+    ``holdout_tokens``, ``holdout_loss`` (nats/token at the calibrated ``β``), on the first
+    quarter of the held-out batches ``holdout_loss_beta1`` (``β = 1``) and
+    ``holdout_loss_first_part`` (at that quarter's optimum), per group ``group{g}_contexts`` / ``_pairs`` / ``_dense_contexts`` /
     ``_row_width`` / ``_megabytes``, the temperatures ``beta_{g}_{b}`` and ``peak_rss_mb``.
     """
     start = tick = time.perf_counter()
@@ -266,9 +267,10 @@ def solve_exact(workdir: WorkDir, config: ExactConfig, progress: bool = True) ->
     report["seconds_tables"] = time.perf_counter() - tick
     tick = time.perf_counter()
     if holdout:
-        beta, loss, loss_beta1, evaluations = calibrate(params, config, stream, holdout, progress)
+        beta, loss, loss_beta1, first_loss, evaluations = calibrate(params, config, stream, holdout, progress)
         params["beta"] = beta
-        report.update(holdout_loss=loss, holdout_loss_beta1=loss_beta1, calibration_evaluations=evaluations)
+        report.update(holdout_loss=loss, holdout_loss_beta1=loss_beta1, holdout_loss_first_part=first_loss,
+                      calibration_evaluations=evaluations)
         for g in range(len(config.groups)):
             for b in range(config.num_buckets):
                 report[f"beta_{g}_{b}"] = float(beta[g, b])
@@ -345,7 +347,8 @@ def calibrate(params: Params, config, stream: np.ndarray, ranges: list[tuple[int
     shared evidence) and runs on an interleaved ``1/parts`` of the held-out batches first, then
     on all of them from there (the optimum is the whole slice's; most steps cost a fraction of
     a pass); a step that raises the objective is halved. Returns ``(β float32[G, B], held-out
-    NLL at β, held-out NLL of the first part at β = 1, evaluations in whole-slice equivalents)``.
+    NLL at β, held-out NLL of the first part at β = 1 and at the first part's own optimum (the
+    two comparable figures: the same tokens), evaluations in whole-slice equivalents)``.
     Batches hold ``batch_size`` windows of ``seq_len`` targets.
     """
     batches = [(jnp.asarray(w), jnp.asarray(m)) for w, m in range_windows(stream, ranges, config.context, seq_len,
@@ -388,9 +391,9 @@ def calibrate(params: Params, config, stream: np.ndarray, ranges: list[tuple[int
     first = batches[::parts]
     loss_beta1 = evaluate(np.ones(G * B), first)[0]
     with tqdm(total=2, desc="calibrate", disable=not progress, leave=False) as bar:
-        beta, _ = newton(np.full(G * B, 1.0 / G), first,
-                         config.calibration_iterations if iterations is None else iterations)
+        beta, first_loss = newton(np.full(G * B, 1.0 / G), first,
+                                  config.calibration_iterations if iterations is None else iterations)
         bar.update()
         beta, loss = newton(beta, batches, final_iterations)
         bar.update()
-    return jnp.asarray(beta.reshape(G, B), jnp.float32), float(loss), float(loss_beta1), evaluations
+    return jnp.asarray(beta.reshape(G, B), jnp.float32), float(loss), float(loss_beta1), float(first_loss), evaluations

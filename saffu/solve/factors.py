@@ -143,8 +143,9 @@ def solve_factorised(workdir: WorkDir, config: FactorisedConfig, solver: FactorC
     Returns the params (:mod:`saffu.models.factorised`) and a report: ``seconds`` and
     ``seconds_count`` / ``seconds_factorise`` / ``seconds_calibration``, ``counted_tokens``,
     ``holdout_tokens``, ``energy`` (share of the weighted matrix the rank keeps), the largest and
-    smallest kept singular values, ``holdout_loss`` (nats/token, calibrated) and
-    ``holdout_loss_unscaled`` (all temperatures 1), the temperatures ``beta_{p}_{b}`` and
+    smallest kept singular values, ``holdout_loss`` (nats/token, calibrated), on the first
+    quarter of the held-out batches ``holdout_loss_unscaled`` (all temperatures 1) and
+    ``holdout_loss_first_part`` (at that quarter's optimum), the temperatures ``beta_{p}_{b}`` and
     ``peak_rss_mb``. A structured output factor (``config.output``) is the SVD of the solved
     dense ``B`` (:func:`saffu.models.factorised.structure_output`); the temperatures are fitted
     with the dense ``B``.
@@ -177,13 +178,14 @@ def solve_factorised(workdir: WorkDir, config: FactorisedConfig, solver: FactorC
         bucket = np.stack([np.searchsorted(np.asarray(solver.buckets), w ** 2, side="right") for w in row_weights])
         calibrating = {**params, "beta": jnp.ones((P, len(solver.buckets) + 1), jnp.float32),
                        "bucket": jnp.asarray(bucket, jnp.int32)}
-        beta, loss, unscaled, evaluations = calibrate(calibrating, config, stream, holdout, progress,
-                                                      rows_fn=factor_rows, iterations=solver.calibration_iterations,
-                                                      final_iterations=solver.final_iterations,
-                                                      seq_len=calibration_positions(V), batch_size=1)
+        beta, loss, unscaled, first_loss, evaluations = calibrate(
+            calibrating, config, stream, holdout, progress, rows_fn=factor_rows,
+            iterations=solver.calibration_iterations, final_iterations=solver.final_iterations,
+            seq_len=calibration_positions(V), batch_size=1)
         scale = np.asarray(beta)[np.arange(P)[:, None], bucket]                    # [P, V]
         params["embeddings"] = params["embeddings"] * jnp.asarray(scale, jnp.float32)[:, :, None]
-        report.update(holdout_loss=loss, holdout_loss_unscaled=unscaled, calibration_evaluations=evaluations,
+        report.update(holdout_loss=loss, holdout_loss_unscaled=unscaled, holdout_loss_first_part=first_loss,
+                      calibration_evaluations=evaluations,
                       **{f"beta_{p}_{b}": float(beta[p, b]) for p in range(P) for b in range(beta.shape[1])})
     report["seconds_calibration"] = time.perf_counter() - tick
     params = structure_output(params, config)
