@@ -216,8 +216,9 @@ def solve_exact(workdir: WorkDir, config: ExactConfig, progress: bool = True) ->
     ``seconds_count`` / ``seconds_tables`` / ``seconds_calibration``, ``counted_tokens``,
     ``holdout_tokens``, ``holdout_loss`` (nats/token at the calibrated ``β``), on the first
     quarter of the held-out batches ``holdout_loss_beta1`` (``β = 1``) and
-    ``holdout_loss_first_part`` (at that quarter's optimum), per group ``group{g}_contexts`` / ``_pairs`` / ``_dense_contexts`` /
-    ``_row_width`` / ``_megabytes``, the temperatures ``beta_{g}_{b}`` and ``peak_rss_mb``.
+    ``holdout_loss_first_part`` (at that quarter's optimum), per group ``group{g}_contexts`` /
+    ``_pairs`` / ``_dense_contexts`` / ``_row_width`` / ``_megabytes``, the temperatures
+    ``beta_{g}_{b}`` and ``peak_rss_mb``.
     """
     start = tick = time.perf_counter()
     stream, holdout, counted, prior, report = held_out_prior(workdir, config.vocab_size, config.holdout_tokens,
