@@ -6,11 +6,13 @@ One run, side by side on the same machine:
 1. the **sparse source**: the exact model with the same offset groups (Witten-Bell, temperatures
    per offset and count bucket; :func:`saffu.solve.exact.solve_exact`);
 2. the **factorised explicit model** (:func:`saffu.solve.factors.solve_factorised`): counts,
-   randomized SVD and calibration, timed stage by stage;
+   randomized SVD, likelihood refinement and calibration, timed stage by stage; and the same
+   without the refinement (the SVD's factors, calibrated);
 3. **one epoch of backprop** from it (warm start, the one trainer), timed the same way, so the
    explicit cost is a measured share of the epoch;
 4. with ``--study``: held-out loss (the selection criterion) and dev bits per byte of the
-   explicit factors for other ranks and target weightings ``p(y)^a``.
+   explicit factors for other ranks, target weightings ``p(y)^a`` and refinements (steps,
+   offsets).
 
 Writes ``results.json`` (and ``--metrics-json``) and prints a table.
 
@@ -20,6 +22,7 @@ Writes ``results.json`` (and ``--metrics-json``) and prints a table.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 import time
@@ -71,6 +74,13 @@ def main(argv=None):
     print(f"factorised explicit (rank {args.rank}, {parameter_count(params):,} params): dev "
           f"{results['explicit']['dev_bpb']:.4f} bits/byte, solve {report['seconds']:.1f} s", flush=True)
 
+    params_svd, report = solve_factorised(workdir, config, dataclasses.replace(solver, refine_steps=0),
+                                          progress=False)
+    results["explicit_svd"] = {**report, **evaluate_split(params_svd, config, workdir, "dev", limit, progress=False)}
+    del params_svd
+    print(f"factorised explicit without the refinement (the SVD's factors): dev "
+          f"{results['explicit_svd']['dev_bpb']:.4f} bits/byte, solve {report['seconds']:.1f} s", flush=True)
+
     run = args.out / "warm"
     shutil.rmtree(run, ignore_errors=True)
     train_config = TrainConfig(learning_rate=args.learning_rate)
@@ -89,20 +99,29 @@ def main(argv=None):
 
     if args.study:
         results["study"] = []
-        for rank, power in [(args.rank, 0.0), (args.rank, 1.0), (64, 0.5), (128, 0.5), (256, 0.5)]:
+        refine = (solver.refine_steps, solver.refine_offsets)
+        study = [(args.rank, 0.0, *refine), (args.rank, 1.0, *refine), (64, 0.5, *refine), (128, 0.5, *refine),
+                 (256, 0.5, *refine), (args.rank, 0.5, 0, 1), (args.rank, 0.5, 5, 1), (args.rank, 0.5, 20, 1),
+                 (args.rank, 0.5, 10, 2), (args.rank, 0.5, 10, 3)]
+        for rank, power, steps, offsets in study:
             variant = FactorisedConfig(V, rank=rank, positions=args.positions)
-            params, report = solve_factorised(workdir, variant, FactorConfig(column_power=power), progress=False)
-            row = {"rank": rank, "column_power": power, "params": parameter_count(params),
-                   "holdout_loss": report["holdout_loss"], "seconds": report["seconds"],
+            params, report = solve_factorised(workdir, variant, dataclasses.replace(
+                solver, column_power=power, refine_steps=steps, refine_offsets=offsets), progress=False)
+            row = {"rank": rank, "column_power": power, "refine_steps": steps, "refine_offsets": offsets,
+                   "params": parameter_count(params), "holdout_loss": report["holdout_loss"],
+                   "seconds": report["seconds"],
                    **evaluate_split(params, variant, workdir, "dev", 200_000, progress=False)}
             results["study"].append(row)
-            print(f"  rank {rank:>3}, targets weighted p^{power}: held-out {row['holdout_loss']:.4f}, dev sample "
-                  f"{row['dev_bpb']:.4f} bits/byte", flush=True)
+            atomic_write_json(args.out / "results.json", results)
+            print(f"  rank {rank:>3}, targets weighted p^{power}, {steps} refinement steps on {offsets} offset(s): "
+                  f"held-out {row['holdout_loss']:.4f}, dev sample {row['dev_bpb']:.4f} bits/byte, solve "
+                  f"{row['seconds']:.1f} s", flush=True)
     atomic_write_json(args.out / "results.json", results)
-    flat = {f"{part}_{key}": value for part in ("sparse", "explicit", "warm") for key, value in results[part].items()
-            if isinstance(value, (int, float))}
+    flat = {f"{part}_{key}": value for part in ("sparse", "explicit", "explicit_svd", "warm")
+            for key, value in results[part].items() if isinstance(value, (int, float))}
     write_metrics(args.metrics_json, {**flat, "solve_share_of_epoch": results["solve_share_of_epoch"]})
-    print(json.dumps({key: flat[key] for key in ("sparse_dev_bpb", "explicit_dev_bpb", "warm_dev_bpb")}))
+    print(json.dumps({key: flat[key] for key in ("sparse_dev_bpb", "explicit_dev_bpb", "explicit_svd_dev_bpb",
+                                                 "warm_dev_bpb")}))
 
 
 if __name__ == "__main__":

@@ -366,7 +366,9 @@ def cmd_factorise(args) -> dict:
     config = _factorised_config(args, workdir.vocab_size)
     solver = configs.FactorConfig(mu=args.mu, column_power=args.column_power, oversample=args.oversample,
                                   power_iterations=args.power_iterations, seed=args.seed,
-                                  buckets=tuple(args.buckets), holdout_tokens=args.holdout_tokens,
+                                  refine_steps=args.refine_steps, refine_offsets=args.refine_offsets,
+                                  refine_learning_rate=args.refine_learning_rate, buckets=tuple(args.buckets),
+                                  holdout_tokens=args.holdout_tokens,
                                   chunk_size=args.chunk_size)
     _say(args, f"factorising {config.positions} exact offset groups at rank {config.rank}")
     params, report = solve_factorised(workdir, config, solver, progress=not args.quiet)
@@ -837,7 +839,8 @@ def build_parser() -> argparse.ArgumentParser:
     factorised, factor = configs.FactorisedConfig, configs.FactorConfig
     p = command("factorise", "explicit low-rank factors -> factorised-model run directory (no backprop)",
                 "Count the exact offset groups, factorise their stacked log-likelihood-ratio matrices with one "
-                "matrix-free randomized SVD (per-offset embeddings E_p, one output factor B), calibrate "
+                "matrix-free randomized SVD (per-offset embeddings E_p, one output factor B), refine them with "
+                "a few likelihood steps against the offsets' smoothed conditionals, calibrate "
                 "temperatures per offset and count bucket on held-out training documents, save to --run "
                 "(`saffu train --init explicit --run R` warm-starts from it) and score every non-training "
                 "split.", cmd_factorise)
@@ -857,6 +860,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--power-iterations", type=int, default=factor.power_iterations,
                    help="subspace iterations of the randomized SVD")
     p.add_argument("--seed", type=int, default=factor.seed, help="seed of the randomized SVD")
+    p.add_argument("--refine-steps", type=int, default=factor.refine_steps,
+                   help="Adam steps of the SVD's factors on the cross-entropy against the offsets' smoothed "
+                        "conditionals (0: the SVD's factors)")
+    p.add_argument("--refine-offsets", type=int, default=factor.refine_offsets,
+                   help="the first offsets whose embeddings those steps move (B always moves)")
+    p.add_argument("--refine-learning-rate", type=float, default=factor.refine_learning_rate,
+                   help="Adam's rate of the refinement steps")
     p.add_argument("--buckets", type=int, nargs="*", default=list(factor.buckets),
                    help="context-count bucket edges of the temperatures (none: one per offset)")
     p.add_argument("--holdout-tokens", type=int, default=factor.holdout_tokens,

@@ -14,7 +14,8 @@ from saffu.models.exact import exact_logits
 from saffu.models.factorised import factorised_logits, init_params
 from saffu.ngram.counts import count_rows
 from saffu.solve.exact import solve_exact
-from saffu.solve.factors import factorise, offset_matrix, randomized_svd, solve_factorised
+from saffu.solve.factors import (_refine_blocks, factorise, offset_matrix, offset_targets, randomized_svd,
+                                 refine_factors, solve_factorised, statistics_loss)
 
 
 def test_randomized_svd_matches_numpy_on_a_matrix_of_known_rank():
@@ -114,7 +115,8 @@ def test_calibration_batches_sized_to_the_cache_keep_the_optimum(tiny_workdir, m
     import saffu.solve.factors as factors
     assert [factors.calibration_positions(v) for v in (512, 8192, 30433, 50000)] == [128, 128, 32, 16]
     config = FactorisedConfig(vocab_size=tiny_workdir.vocab_size, rank=16, positions=2, radius=4, heads=1)
-    solver = FactorConfig(holdout_tokens=300, buckets=(3,), final_iterations=5)     # to the whole slice's optimum
+    solver = FactorConfig(holdout_tokens=300, buckets=(3,), final_iterations=5,     # to the whole slice's optimum
+                          refine_steps=0)                                            # the calibration alone
     large = solve_factorised(tiny_workdir, config, solver, progress=False)[1]       # V = 280: 128 positions
     monkeypatch.setattr(factors, "calibration_positions", lambda vocab_size: 16)
     small = solve_factorised(tiny_workdir, config, solver, progress=False)[1]
@@ -161,3 +163,82 @@ def test_cli_factorises_warm_starts_and_trains_cold(tiny_workdir, tmp_path):
     assert json.loads(metrics.read_text())["params"] == solved["params"]
     with pytest.raises(SaffuError, match="rank"):
         FactorisedConfig(vocab_size=10, rank=11)
+
+
+def _dense_targets(rows, counts, prior, mu):
+    """float64 reference of ``n(c) · P̃(y|c)`` (Witten-Bell towards the prior) and ``n(c)``."""
+    V = len(prior)
+    n = np.zeros((V, V))
+    n[rows[:, 0], rows[:, 1]] = counts
+    seen, types = n.sum(axis=1), (n > 0).sum(axis=1)
+    mu_c = mu * types
+    with np.errstate(invalid="ignore"):
+        conditional = np.where(seen[:, None] > 0, (n + mu_c[:, None] * prior[None, :]) / (seen + mu_c)[:, None], 0.0)
+    return seen[:, None] * conditional, seen
+
+
+def test_statistics_loss_and_gradients_match_a_float64_reference(tiny_workdir):
+    V, P, r = tiny_workdir.vocab_size, 2, 12
+    prior, parts = _offset_matrices(tiny_workdir, P, mu=0.7)
+    rng = np.random.default_rng(5)
+    E, B = 0.3 * rng.standard_normal((P, V, r)), 0.3 * rng.standard_normal((r, V))
+    targets = [offset_targets(rows, counts, prior, 0.7) for _, rows, counts in parts[:1]]   # offset 0 only
+    loss, grad_E, grad_B = statistics_loss(jnp.asarray(E, jnp.float32), jnp.asarray(B, jnp.float32), prior,
+                                           _refine_blocks(targets, V))
+    T, seen = _dense_targets(parts[0][1], parts[0][2], prior, 0.7)
+    z = np.log(prior)[None, :] + E[0] @ B
+    lse = np.log(np.exp(z - z.max(axis=1, keepdims=True)).sum(axis=1)) + z.max(axis=1)
+    G = seen[:, None] * np.exp(z - lse[:, None]) - T
+    assert loss == pytest.approx((seen @ lse - (T * z).sum()) / seen.sum(), rel=1e-5)
+    np.testing.assert_allclose(np.asarray(grad_E[0]), G @ B.T / seen.sum(), rtol=1e-3, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(grad_B), E[0].T @ G / seen.sum(), rtol=1e-3, atol=1e-6)
+    assert not np.any(np.asarray(grad_E[1]))                       # offset 1 is not refined
+
+
+def test_the_sparse_offsets_are_the_statistics_loss_optimum(tiny_workdir):
+    """At full rank the factors are the sparse offsets (E_p B = S_p): the loss is the count-weighted
+    entropy of the smoothed conditionals and the gradient vanishes — refinement has nothing to do."""
+    V, P = tiny_workdir.vocab_size, 2
+    prior, parts = _offset_matrices(tiny_workdir, P)
+    weights = [np.sqrt(np.maximum(np.bincount(rows[:, 0], weights=counts, minlength=V), 1.0))
+               for _, rows, counts in parts]
+    E, B, _, _ = factorise([S for S, _, _ in parts], weights, prior ** 0.5, rank=V, oversample=0)
+    targets = [offset_targets(rows, counts, prior, 2.0) for _, rows, counts in parts]
+    loss, grad_E, grad_B = statistics_loss(jnp.asarray(E, jnp.float32), jnp.asarray(B, jnp.float32), prior,
+                                           _refine_blocks(targets, V))
+    entropy = total = 0.0
+    for _, rows, counts in parts:
+        T, seen = _dense_targets(rows, counts, prior, 2.0)
+        entropy -= np.sum(T * np.log(np.where(T > 0, T / np.maximum(seen, 1)[:, None], 1.0)))
+        total += seen.sum()
+    assert loss == pytest.approx(entropy / total, rel=1e-4)
+    assert float(jnp.abs(grad_E).max()) < 1e-4 and float(jnp.abs(grad_B).max()) < 1e-4
+
+
+def test_refinement_lowers_the_statistics_loss_and_moves_only_the_refined_offsets(tiny_workdir):
+    V, P = tiny_workdir.vocab_size, 2
+    prior, parts = _offset_matrices(tiny_workdir, P)
+    weights = [np.sqrt(np.maximum(np.bincount(rows[:, 0], weights=counts, minlength=V), 1.0))
+               for _, rows, counts in parts]
+    E, B, _, _ = factorise([S for S, _, _ in parts], weights, prior ** 0.5, rank=8)
+    targets = [offset_targets(rows, counts, prior, 2.0) for _, rows, counts in parts[:1]]
+    E2, B2, losses = refine_factors(E, B, targets, prior, steps=6, learning_rate=0.05, momentum=0.5)
+    assert len(losses) == 6 and losses[-1] < losses[0] - 0.01
+    final = statistics_loss(jnp.asarray(E2), jnp.asarray(B2), prior, _refine_blocks(targets, V))[0]
+    assert final < losses[-1]
+    np.testing.assert_array_equal(E2[1], E[1].astype(np.float32))  # offset 1 keeps the SVD's rows
+    assert np.abs(E2[0] - E[0]).max() > 1e-3 and np.abs(B2 - B).max() > 1e-3
+    with pytest.raises(SaffuError, match="refine 3 offsets"):
+        refine_factors(E, B, targets * 3, prior, steps=1, learning_rate=0.05, momentum=0.5)
+
+
+def test_solve_reports_the_refinement_and_zero_steps_are_the_svd_factors(tiny_workdir):
+    config = FactorisedConfig(vocab_size=tiny_workdir.vocab_size, rank=8, positions=2, radius=4, heads=0)
+    refined = solve_factorised(tiny_workdir, config, FactorConfig(holdout_tokens=200, buckets=(3,)), progress=False)[1]
+    assert refined["refine_loss_last_step"] < refined["refine_loss_svd"]
+    plain = solve_factorised(tiny_workdir, config, FactorConfig(holdout_tokens=200, buckets=(3,), refine_steps=0),
+                             progress=False)[1]
+    assert "refine_loss_svd" not in plain and "seconds_refine" not in plain
+    assert plain["energy"] == pytest.approx(refined["energy"])       # the same SVD underneath
+    with pytest.raises(SaffuError, match="refine_offsets"):
+        FactorConfig(refine_offsets=0)
