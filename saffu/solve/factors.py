@@ -34,7 +34,9 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import scipy.sparse as sp
+from tqdm.auto import tqdm
 
 from saffu._io import SaffuError
 from saffu.configs import FactorConfig, FactorisedConfig
@@ -184,9 +186,6 @@ def refine_factors(E: np.ndarray, B: np.ndarray, targets, prior: np.ndarray, ste
     the same steps on the merged counts. Returns the refined ``E float32[P, V, r]``,
     ``B float32[r, V]`` and the loss before each step (the first: the SVD's factors'; no pass
     after the last step is spent on its loss)."""
-    import optax
-    from tqdm.auto import tqdm
-
     if not 1 <= len(targets) <= E.shape[0]:
         raise SaffuError(f"refine {len(targets)} offsets of a model with {E.shape[0]}")
     blocks = _refine_blocks(targets, len(prior))
