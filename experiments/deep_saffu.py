@@ -73,7 +73,7 @@ def explicit_part(args, source) -> None:
     from saffu.models.interface import parameter_count
     from saffu.models.saffu import inherit_blocks
     from saffu.solve.saffu import solve_explicit
-    from saffu.training.checkpoints import load_explicit, save_explicit, save_run_config
+    from saffu.training.checkpoints import load_explicit, save_explicit_run
     deepest = _config(args, source, max(args.blocks))
     root = args.out / "explicit"
     record = root / "solve.json"
@@ -89,9 +89,8 @@ def explicit_part(args, source) -> None:
                  "blocks": deepest.blocks, "seconds": solve["seconds"] + more["seconds"]}
         for blocks in sorted(set(args.blocks)):
             config, prefix = inherit_blocks(params, deepest, blocks)
-            if not (root / f"L{blocks}" / "explicit").exists():
-                save_run_config(root / f"L{blocks}", config, source)
-                save_explicit(root / f"L{blocks}", prefix)
+            if not (root / f"L{blocks}" / "config.json").exists():
+                save_explicit_run(root / f"L{blocks}", config, source, prefix)
         record.write_text(json.dumps(solve))
     for blocks in sorted(set(args.blocks)):
         path = root / f"L{blocks}" / "result.json"

@@ -15,7 +15,10 @@ rate and data order per seed:
   from 1 to 0 over the first half of the steps, then trains (and keeps) ``f_θ`` alone;
 * ``kn-residual``: the same residual over a plain interpolated modified Kneser-Ney 5-gram from the
   engine's counts (the exact model's nested chain ``0 | 0,1 | 0,1,2 | 0,1,2,3`` with every
-  temperature 1 and no held-out calibration: the log-linear sum telescopes to the 5-gram).
+  temperature 1 and no held-out calibration: the log-linear sum telescopes to the 5-gram);
+* ``residual-crossfit``: the residual cross-fitted over ``--folds`` folds of whole documents:
+  each step's windows come from one fold and its explicit part is the exact model solved
+  without that fold (those solves count in its seconds); evaluation uses the whole split's.
 
 Learning rates: ``--probe-lrs`` gives every variant the same probe budget — one run per rate on
 ``--probe-fraction`` of the training data (seed 0, one epoch of it), scored by its last periodic
@@ -43,6 +46,7 @@ same windows).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import time
@@ -53,9 +57,9 @@ import numpy as np
 from saffu.configs import FactorConfig   # imports no jax
 
 VARIANTS = ("cold", "explicit-init", "explicit-bias", "explicit-embed", "residual", "residual-learned",
-            "residual-annealed", "kn-residual")
+            "residual-annealed", "kn-residual", "residual-crossfit")
 RESIDUAL_SCALE = {"residual": "fixed", "residual-learned": "learned", "residual-annealed": "annealed",
-                  "kn-residual": "fixed"}
+                  "kn-residual": "fixed", "residual-crossfit": "fixed"}
 #: The learning rate of every variant without a probe; runs at another rate carry it in their name.
 DEFAULT_LR = 0.01
 #: Kneser-Ney 5-gram as an exact model: the nested chain of the previous 1 … 4 tokens.
@@ -80,7 +84,7 @@ def _exact(workdir, out: Path, fraction: float, exact_run: Path | None, kneser_n
     from saffu.configs import ExactConfig
     from saffu.eval.scoring import evaluate_split
     from saffu.solve.exact import solve_exact
-    from saffu.training.checkpoints import save_explicit, save_run_config
+    from saffu.training.checkpoints import save_explicit_run
     name = "kn" if kneser_ney else "exact"
     run = exact_run if (exact_run is not None and fraction >= 1) else out / name / f"{fraction:g}"
     record = run / "solve.json"
@@ -93,9 +97,7 @@ def _exact(workdir, out: Path, fraction: float, exact_run: Path | None, kneser_n
         config = (ExactConfig(workdir.vocab_size, groups=KN_GROUPS, buckets=(), holdout_tokens=0) if kneser_ney
                   else ExactConfig(workdir.vocab_size))
         params, report = solve_exact(workdir, config, progress=False)
-        run.mkdir(parents=True, exist_ok=True)
-        save_run_config(run, config, workdir)
-        save_explicit(run, params)
+        save_explicit_run(run, config, workdir, params)
         report.update(evaluate_split(params, config, workdir, "dev", None, progress=False))
     summary = {"seconds": report["seconds"], "dev_bpb": report["dev_bpb"], "dev_loss": report["dev_loss"],
                "peak_rss_mb": report.get("peak_rss_mb")}
@@ -104,23 +106,25 @@ def _exact(workdir, out: Path, fraction: float, exact_run: Path | None, kneser_n
     return run, summary
 
 
-def run_name(variant: str, seed: int, fraction: float, learning_rate: float) -> str:
-    """A main run's directory name (the rate only where it is not :data:`DEFAULT_LR`)."""
-    return f"{variant}_s{seed}_f{fraction:g}" + ("" if learning_rate == DEFAULT_LR else f"_lr{learning_rate:g}")
+def run_name(variant: str, seed: int, fraction: float, learning_rate: float, epochs: int = 1, width: int = 128) -> str:
+    """A main run's directory name (the rate only where it is not :data:`DEFAULT_LR`, the epochs
+    where they are not 1, the width where it is not 128)."""
+    return (f"{variant}_s{seed}_f{fraction:g}" + ("" if learning_rate == DEFAULT_LR else f"_lr{learning_rate:g}")
+            + ("" if epochs == 1 else f"_e{epochs}") + ("" if width == 128 else f"_w{width}"))
 
 
 def run_one(variant: str, seed: int, fraction: float, args, source, learning_rate: float,
             run: Path | None = None, final_eval: bool = True) -> dict:
     import jax
 
-    from saffu.configs import FactorisedConfig, ResidualConfig, TrainConfig
+    from saffu.configs import FactorisedConfig, TrainConfig
     from saffu.eval.scoring import evaluate_split
     from saffu.models.interface import parameter_count
-    from saffu.models.residual import with_explicit
     from saffu.models.transformer import explicit_transformer_init
     from saffu.solve.factors import solve_factorised
-    from saffu.training.checkpoints import load_explicit, load_run_config
-    from saffu.training.trainer import train
+    from saffu.training.checkpoints import load_run_config
+    from saffu.training.recipes import residual_start, solve_folds
+    from saffu.training.trainer import steps_per_epoch, train
 
     workdir = _workdir(source, args.out, fraction)
     base = _transformer(args, workdir.vocab_size)
@@ -139,15 +143,26 @@ def run_one(variant: str, seed: int, fraction: float, args, source, learning_rat
         kneser_ney = variant == "kn-residual"
         exact_run, summary = _exact(workdir, args.out, fraction, args.kn_run if kneser_ney else args.exact_run,
                                     kneser_ney)
-        explicit_config = load_run_config(exact_run)
-        config = ResidualConfig(base, explicit_config, str(exact_run.resolve()), scale=RESIDUAL_SCALE[variant])
-        params = with_explicit(config.init(key), load_explicit(exact_run, explicit_config))
-        solve_seconds = summary["seconds"]
+        fold_runs, fold_seconds = (), 0.0
+        if variant == "residual-crossfit":       # the folds' exact models: part of the start's cost
+            record = args.out / "folds" / f"{fraction:g}_k{args.folds}" / "solve.json"
+            fold_runs, _, fold_seconds = solve_folds(workdir, load_run_config(exact_run), args.folds, record.parent)
+            if record.exists():                  # solved by an earlier run of this experiment
+                fold_seconds = json.loads(record.read_text())["seconds"]
+            else:
+                record.write_text(json.dumps({"seconds": fold_seconds}))
+            extra.update(folds=args.folds, fold_seconds=fold_seconds)
+        config, params = residual_start(base, exact_run, key, RESIDUAL_SCALE[variant], fold_runs=tuple(fold_runs))
+        solve_seconds = summary["seconds"] + fold_seconds
         extra.update(explicit_dev_bpb=summary["dev_bpb"], explicit_dev_loss=summary["dev_loss"])
-    fixed = {name: params[name] for name in getattr(config, "fixed_params", ())}
-    run = run or args.out / "runs" / run_name(variant, seed, fraction, learning_rate)
+    fixed = {name: params[name] for name in getattr(config, "fixed_params", ()) if name in params}
+    epochs = getattr(args, "epochs", 1) if final_eval else 1      # probes: one epoch of their share
+    run = run or args.out / "runs" / run_name(variant, seed, fraction, learning_rate, epochs, base.width)
     train_config = TrainConfig(learning_rate=learning_rate, seed=seed, eval_every=args.eval_every,
-                               eval_windows=args.eval_windows, checkpoint_every=10**9)
+                               eval_windows=args.eval_windows, checkpoint_every=args.checkpoint_every)
+    # a budget of several epochs is its own run with its own cosine schedule over all its steps
+    train_config = dataclasses.replace(train_config, steps=epochs * steps_per_epoch(
+        len(workdir.tokens(workdir.train_split)) - 1, train_config))
     trained, _ = train(config, params, workdir.tokens(workdir.train_split), train_config, run / "train",
                        dev_stream=workdir.tokens("dev"), progress=False)
     # every evaluation of the run, also those before a resume (the trainer returns only this call's)
@@ -155,6 +170,7 @@ def run_one(variant: str, seed: int, fraction: float, args, source, learning_rat
     scores = evaluate_split(trained, config, workdir, "dev", args.eval_tokens or None, progress=False) \
         if final_eval else {}
     result = {"variant": variant, "seed": seed, "fraction": fraction, "learning_rate": learning_rate,
+              "epochs": epochs, "width": base.width, "layers": base.layers,
               "trained_params": parameter_count(trained) - parameter_count(fixed),
               "train_tokens": int(len(workdir.tokens(workdir.train_split))), "solve_seconds": solve_seconds,
               "history": history, **extra, **scores}
@@ -297,7 +313,7 @@ def _plot(results: list[dict], path: Path) -> None:
     full = [r for r in results if r["fraction"] == max(x["fraction"] for x in results)]
     figure, axes = plt.subplots(1, 3, figsize=(15, 4.2), sharey=True)
     colours = dict(zip(VARIANTS, ("tab:gray", "tab:blue", "tab:cyan", "tab:purple", "tab:red", "tab:orange",
-                                  "tab:pink", "tab:green")))
+                                  "tab:pink", "tab:green", "tab:brown")))
     for variant in VARIANTS:
         group = [r for r in full if r["variant"] == variant]
         for i, r in enumerate(group):
@@ -383,6 +399,11 @@ def main(argv=None):
                              "SVD's factors, as the README's 100%% rows were measured; run names do not carry it: "
                              "use another --out to compare)")
     parser.add_argument("--width", type=int, default=128, help="transformer width")
+    parser.add_argument("--folds", type=int, default=2, help="folds of residual-crossfit")
+    parser.add_argument("--epochs", type=int, default=1,
+                        help="epochs of each main run (its own warm-up + cosine schedule over all of them)")
+    parser.add_argument("--checkpoint-every", type=int, default=200,
+                        help="steps between checkpoints (an interrupted run resumes from its last one)")
     parser.add_argument("--layers", type=int, default=5, help="transformer blocks")
     parser.add_argument("--eval-every", type=int, default=50, help="steps between dev evaluations")
     parser.add_argument("--eval-windows", type=int, default=128, help="dev windows of the periodic evaluations")
@@ -406,7 +427,8 @@ def main(argv=None):
         for fraction in args.fractions:
             for seed in args.seeds:
                 for variant in args.variants:
-                    if (args.out / "runs" / run_name(variant, seed, fraction, rates[variant]) / "result.json").exists():
+                    if (args.out / "runs" / run_name(variant, seed, fraction, rates[variant], args.epochs, args.width)
+                            / "result.json").exists():
                         continue
                     result = run_one(variant, seed, fraction, args, source, rates[variant])
                     print(f"{fraction:.0%} {variant:>16} seed {seed}: dev {result['dev_bpb']:.4f} bits/byte, "

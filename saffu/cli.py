@@ -10,9 +10,9 @@ runs, so ``saffu --help`` answers at once.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import math
-import os
 import shutil
 import sys
 import time
@@ -20,7 +20,7 @@ import warnings
 from pathlib import Path
 
 from saffu import configs
-from saffu._io import SaffuError, SaffuWarning, write_metrics
+from saffu._io import SaffuError, SaffuWarning, exclusive, is_disk_full, probe_writable, write_metrics
 
 
 DEFAULT_CORPUS = Path(__file__).resolve().parent.parent / "data" / "default_corpus"
@@ -64,22 +64,51 @@ def _say(args, message: str) -> None:
         print(message, flush=True)
 
 
-def _check_writable(path: Path | None, flag: str) -> None:
+def _check_writable(path: Path | None, flag: str, directory: bool = False) -> None:
     """Fail before any work when ``path`` (an output of ``flag``) cannot be written."""
-    if path is None:
-        return
-    path = Path(path)
-    if path.is_dir() and flag == "--metrics-json":
-        raise SaffuError(f"cannot write {flag} {path}: it is a directory; give a file name such as {path / 'metrics.json'}")
-    parent = path.parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise SaffuError(f"cannot write {flag} {path}: {parent} is a file, not a directory; choose another path")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise SaffuError(f"cannot write {flag} {path}: {parent} is not writable; choose a writable location")
-    if flag == "--run" and path.exists() and not path.is_dir():
-        raise SaffuError(f"cannot use --run {path}: it is a file; give a directory")
+    if path is not None:
+        probe_writable(path, flag, directory)
+
+
+def _retry_save(error: SaffuError, run: Path) -> Path | None:
+    """After a failed save of a finished solve: at a terminal, say so and ask where to save
+    (Enter: the same ``run`` again once space is freed; a path: another directory; ``q``: give
+    up); elsewhere give up (the caller reports the one-line error)."""
+    if not (sys.stdin.isatty() and sys.stderr.isatty()):
+        return None
+    print(f"saffu: {error}", file=sys.stderr)
+    answer = input("The solution is kept in memory. Free space and press Enter to save to the same --run, "
+                   "type another directory, or q to give up: ").strip()
+    return None if answer.lower() in ("q", "quit") else Path(answer) if answer else run
+
+
+def _save_solution(args, config, workdir, params) -> None:
+    """Commit a finished solve to ``--run`` (:func:`saffu.training.checkpoints.save_explicit_run`);
+    a full disk at a terminal asks where to save rather than losing the solve."""
+    from saffu.training.checkpoints import save_explicit_run
+    saved = save_explicit_run(args.run, config, workdir, params, retry=_retry_save)
+    if Path(saved) != Path(args.run):
+        _say(args, f"saved to {saved} instead of {args.run}")
+        args.run = Path(saved)
+
+
+def _check_room_for(args, config) -> None:
+    """Refuse before solving when ``config``'s explicit solution (sizes known in advance)
+    cannot fit in ``--run``'s file system."""
+    import jax
+
+    from saffu._io import check_free
+    from saffu.training.checkpoints import tree_bytes
+    check_free(args.run, tree_bytes(jax.eval_shape(lambda: config.init(jax.random.key(0)))) + (1 << 20),
+               f"the explicit solution ({config.kind})", "free space or give another --run")
+
+
+def check_inputs(run, workdir, streams: bool = False):
+    """The model config of ``run`` once ``workdir`` is checked to be its own
+    (:func:`saffu.training.checkpoints.check_inputs`: tokenizer, and with ``streams`` the token
+    streams, by fingerprint)."""
+    from saffu.training import checkpoints
+    return checkpoints.check_inputs(run, workdir, streams)
 
 
 def _corpus_from_args(args):
@@ -200,7 +229,7 @@ def cmd_demo(args) -> dict:
     from saffu.models.interface import parameter_count
     from saffu.solve.bigram import fit_explicit_bigram
     from saffu.solve.saffu import solve_explicit
-    from saffu.training.checkpoints import save_explicit, save_run_config
+    from saffu.training.checkpoints import save_explicit_run
     from saffu.training.trainer import train
 
     start = time.perf_counter()
@@ -219,9 +248,7 @@ def cmd_demo(args) -> dict:
     run = Path(args.workdir) / "saffu"
     if run.exists():   # the demo's own run: a rerun trains again instead of finding it finished
         shutil.rmtree(run)
-    run.mkdir(parents=True)
-    save_run_config(run, config, workdir)
-    save_explicit(run, params)
+    save_explicit_run(run, config, workdir, params)
     metrics.update(explicit_seconds=report["seconds"], params=parameter_count(params))
     metrics.update(evaluate_split(params, config, workdir, "dev", progress=not args.quiet, prefix="explicit_dev_"))
     _say(args, f"warm start: {args.steps} AdamW steps from the explicit solution")
@@ -300,7 +327,6 @@ def cmd_fit(args) -> dict:
     from saffu.data.workdir import open_workdir
     from saffu.models.interface import parameter_count
     from saffu.solve.saffu import solve_explicit
-    from saffu.training.checkpoints import save_explicit, save_run_config
 
     workdir = open_workdir(args.workdir)
     if args.background:
@@ -309,10 +335,10 @@ def cmd_fit(args) -> dict:
     config = _model_config(args, workdir.vocab_size)
     solver = configs.SolverConfig(smoothing=_smoothing(args), holdout_tokens=args.holdout_tokens,
                                   chunk_size=args.chunk_size)
+    if not config.exact_positions:        # exact tables' sizes come from the data
+        _check_room_for(args, config)
     params, report = solve_explicit(workdir, config, solver, progress=not args.quiet)
-    Path(args.run).mkdir(parents=True, exist_ok=True)
-    save_run_config(args.run, config, workdir)
-    save_explicit(args.run, params)
+    _save_solution(args, config, workdir, params)
     metrics = {**report, "params": parameter_count(params), **_score_splits(params, config, workdir, args)}
     _print_metrics(f"explicit SAFFU on {workdir.meta['corpus']} -> {args.run}", metrics)
     return metrics
@@ -334,7 +360,7 @@ def cmd_exact(args) -> dict:
 
     from saffu.data.workdir import open_workdir
     from saffu.solve.exact import solve_exact
-    from saffu.training.checkpoints import save_explicit, save_run_config
+    from saffu.training.checkpoints import save_explicit
 
     writer = _join_processes(args)
     workdir = open_workdir(args.workdir)
@@ -345,11 +371,11 @@ def cmd_exact(args) -> dict:
     _say(args, f"solving {len(config.groups)} exact groups {' '.join(','.join(map(str, g)) for g in config.groups)} "
                f"with {config.num_buckets} count buckets each")
     params, report = solve_exact(workdir, config, progress=not args.quiet)
-    if writer:
-        Path(args.run).mkdir(parents=True, exist_ok=True)
-        save_run_config(args.run, config, workdir)
     # every process takes part (orbax synchronises them); of host arrays only process 0 writes
-    save_explicit(args.run, jax.device_get(params))
+    if writer:
+        _save_solution(args, config, workdir, jax.device_get(params))
+    else:
+        save_explicit(args.run, jax.device_get(params))
     metrics = {**report, **_score_splits(params, config, workdir, args)}
     _print_metrics(f"explicit token-resolution model on {workdir.meta['corpus']} -> {args.run}", metrics)
     return metrics
@@ -360,7 +386,6 @@ def cmd_factorise(args) -> dict:
     from saffu.data.workdir import open_workdir
     from saffu.models.interface import parameter_count
     from saffu.solve.factors import solve_factorised
-    from saffu.training.checkpoints import save_explicit, save_run_config
 
     workdir = open_workdir(args.workdir)
     config = _factorised_config(args, workdir.vocab_size)
@@ -370,11 +395,10 @@ def cmd_factorise(args) -> dict:
                                   refine_learning_rate=args.refine_learning_rate, buckets=tuple(args.buckets),
                                   holdout_tokens=args.holdout_tokens,
                                   chunk_size=args.chunk_size)
+    _check_room_for(args, config)
     _say(args, f"factorising {config.positions} exact offset groups at rank {config.rank}")
     params, report = solve_factorised(workdir, config, solver, progress=not args.quiet)
-    Path(args.run).mkdir(parents=True, exist_ok=True)
-    save_run_config(args.run, config, workdir)
-    save_explicit(args.run, params)
+    _save_solution(args, config, workdir, params)
     metrics = {**report, "params": parameter_count(params), **_score_splits(params, config, workdir, args)}
     _print_metrics(f"explicit factorised model on {workdir.meta['corpus']} -> {args.run}", metrics)
     return metrics
@@ -405,13 +429,13 @@ def cmd_train(args) -> dict:
                                       (existing and load_run_config(run).kind == "transformer")):
         config, params, solve_seconds = _explicit_transformer(args, workdir, run, existing)
     elif args.init == "explicit":
-        config = _check_vocabulary(load_run_config(run), workdir, run)
+        config = check_inputs(run, workdir, streams=True)
         if config.kind == "exact" or getattr(config, "exact_positions", ()):
             raise SaffuError(f"{run} holds a model with exact token-resolution tables, which are not trained; "
                              f"score it with `saffu eval` / `saffu blimp`")
         params = load_explicit(run, config)
     else:
-        config = (_check_vocabulary(load_run_config(run), workdir, run) if (run / "config.json").exists()
+        config = (check_inputs(run, workdir, streams=True) if (run / "config.json").exists()
                   else _model_config(args, workdir.vocab_size))
         if config.kind == "exact" or getattr(config, "exact_positions", ()):
             raise SaffuError("exact token-resolution tables (the exact model, --exact-positions) come from the "
@@ -444,6 +468,7 @@ def cmd_train(args) -> dict:
     mesh = data_parallel_mesh(args.devices or None) if args.devices != 1 else None
     params, history = train(config, params, train_stream, train_config, run,
                             dev_stream=dev, on_eval=show, progress=not args.quiet, mesh=mesh)
+    params.pop("folds", None)                  # cross-fitted: the folds' tables served training only
     if getattr(config, "guide_share", 0):      # self-guided: the dense guide is gone by the end
         from saffu.models.factorised import drop_output_guide
         from saffu.models.transformer import drop_guide
@@ -451,7 +476,7 @@ def cmd_train(args) -> dict:
     metrics = {"model": config.kind, "init": args.init, "params": parameter_count(params),
                "steps": history[-1]["step"] if history else (resumed or 0)}
     if config.kind == "residual":
-        fixed = {name: params[name] for name in config.fixed_params}
+        fixed = {name: params[name] for name in config.fixed_params if name in params}
         metrics.update(trained_params=metrics["params"] - parameter_count(fixed),
                        scale=float(params["scale"]) if "scale" in params else 0.0)    # annealed: λ ends at 0
     if solve_seconds:
@@ -469,29 +494,36 @@ def cmd_train(args) -> dict:
 
 
 def _residual_model(args, workdir, run: Path, existing: bool):
-    """``(ResidualConfig, params at step 0)`` of a new ``--residual`` run or an existing one."""
+    """``(ResidualConfig, params at step 0)`` of a new ``--residual`` run (``--cross-fit K``:
+    with the exact model of every fold's complement, solved into ``RUN/folds``) or an
+    existing one (its tables checked against its fingerprints)."""
     import jax
 
-    from saffu.models.residual import with_explicit
-    from saffu.training.checkpoints import load_explicit, load_run_config, save_run_config
+    from saffu.training.checkpoints import pack_run, save_run_config
+    from saffu.training.recipes import residual_start, solve_folds
+    key = jax.random.fold_in(jax.random.key(args.seed), 0)
     if existing:
-        config = _check_vocabulary(load_run_config(run), workdir, run)
+        config = check_inputs(run, workdir, streams=True)
         if config.kind != "residual":
             raise SaffuError(f"{run} already holds a {config.kind} run; use a new --run for --residual")
+        config, params = residual_start(config.base, config.explicit_run, key, config=config)
     else:
-        explicit = _check_vocabulary(load_run_config(args.residual), workdir, args.residual)
+        explicit = check_inputs(args.residual, workdir)
         if explicit.kind != "exact":
             raise SaffuError(f"--residual {args.residual} holds a {explicit.kind}; it must be a `saffu exact` run")
-        config = configs.ResidualConfig(_model_config(args, workdir.vocab_size), explicit,
-                                        str(Path(args.residual).resolve()), scale=args.residual_scale,
-                                        anneal_share=args.anneal_share)
+        fold_runs = ()
+        if args.cross_fit:
+            _say(args, f"solving the exact model of each of {args.cross_fit} folds' complements into {run / 'folds'}")
+            fold_runs, _, _ = solve_folds(workdir, explicit, args.cross_fit, run / "folds", progress=not args.quiet)
+        config, params = residual_start(_model_config(args, workdir.vocab_size), args.residual, key,
+                                        args.residual_scale, args.anneal_share, tuple(fold_runs))
     if config.base.kind in ("saffu", "factorised"):
         workdir.check_radius(config.base.radius)
-    params = with_explicit(config.init(jax.random.fold_in(jax.random.key(args.seed), 0)),
-                           load_explicit(config.explicit_run, config.explicit))
     if not existing:
         run.mkdir(parents=True, exist_ok=True)
         save_run_config(run, config, workdir)
+    if args.bundle:
+        pack_run(run)
     return config, params
 
 
@@ -499,11 +531,11 @@ def _structured_from(args, workdir, config):
     """``--ffn-from RUN``: every weight of a trained dense transformer run, its MLP kernels
     turned into ``config``'s structure by SVD (and kept as the guide when self-guided)."""
     from saffu.models.transformer import structure_mlp
-    from saffu.training.checkpoints import load_params, load_run_config
+    from saffu.training.checkpoints import load_params
     if config.kind != "transformer" or config.ffn == "dense":
         raise SaffuError("--ffn-from needs a structured transformer: --model transformer --ffn lowrank|blockdense|"
                          "blockshuffle")
-    source = _check_vocabulary(load_run_config(args.ffn_from), workdir, args.ffn_from)
+    source = check_inputs(args.ffn_from, workdir)
     if source.kind != "transformer":
         raise SaffuError(f"--ffn-from {args.ffn_from} holds a {source.kind}; it must be a dense transformer run")
     return structure_mlp(load_params(args.ffn_from, source)[0], source, config)
@@ -520,7 +552,7 @@ def _inherited(args, workdir, run: Path, existing: bool):
     from saffu.training.checkpoints import load_params, load_run_config, save_run_config
     if args.reference is None:
         raise SaffuError("--init inherit needs --reference RUN, a trained transformer or SAFFU run")
-    reference = _check_vocabulary(load_run_config(args.reference), workdir, args.reference)
+    reference = check_inputs(args.reference, workdir)
     if reference.kind not in ("transformer", "saffu"):
         raise SaffuError(f"--reference {args.reference} holds a {reference.kind}; Inheritune takes a transformer "
                          f"or a SAFFU stack")
@@ -538,7 +570,7 @@ def _inherited(args, workdir, run: Path, existing: bool):
             _say(args, f"the reference's lazy layers: {profile['lazy_layers'] or 'none'}; inheriting {layers} blocks")
         config, params = inherit(reference_params, reference, layers or max(1, getattr(reference, depth) // 2))
     else:
-        start = _check_vocabulary(load_run_config(args.start_from), workdir, args.start_from)
+        start = check_inputs(args.start_from, workdir)
         if start.kind != reference.kind:
             raise SaffuError(f"--start-from {args.start_from} holds a {start.kind}; it must be a {reference.kind} run "
                              f"like --reference")
@@ -580,8 +612,8 @@ def _explicit_transformer(args, workdir, run: Path, existing: bool):
 
     from saffu.models.transformer import explicit_transformer_init
     from saffu.solve.factors import solve_factorised
-    from saffu.training.checkpoints import load_run_config, save_run_config
-    config = (_check_vocabulary(load_run_config(run), workdir, run) if existing
+    from saffu.training.checkpoints import save_run_config
+    config = (check_inputs(run, workdir, streams=True) if existing
               else _model_config(args, workdir.vocab_size))
     tick = time.perf_counter()
     factors, _ = solve_factorised(workdir, configs.FactorisedConfig(workdir.vocab_size, rank=config.width, positions=1),
@@ -597,18 +629,19 @@ def _explicit_transformer(args, workdir, run: Path, existing: bool):
 def _load_run(args):
     """``(workdir, model config, params, which weights)`` of ``--workdir`` / ``--run`` / ``--checkpoint``."""
     from saffu.data.workdir import open_workdir
-    from saffu.training.checkpoints import load_params, load_run_config
+    from saffu.training.checkpoints import load_params
     workdir = open_workdir(args.workdir)
-    config = _check_vocabulary(load_run_config(args.run), workdir, args.run)
+    config = check_inputs(args.run, workdir)
     params, which = load_params(args.run, config, args.checkpoint)
     return workdir, config, params, which
 
 
-def _check_vocabulary(config, workdir, run):
-    if config.vocab_size != workdir.vocab_size:
-        raise SaffuError(f"run {run} has a model of {config.vocab_size:,} tokens but {workdir.path} a tokenizer "
-                         f"of {workdir.vocab_size:,}; use the work directory the run was made from")
-    return config
+def cmd_pack(args) -> dict:
+    """Make a run self-contained: a residual run's exact model copied into it."""
+    from saffu.training.checkpoints import pack_run
+    metrics = pack_run(args.run)
+    _print_metrics(f"packed {args.run}: its exact model is now {args.run / 'exact'}", metrics)
+    return metrics
 
 
 def cmd_eval(args) -> dict:
@@ -928,6 +961,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "after which the explicit part is dropped (with --residual)")
     p.add_argument("--anneal-share", type=float, default=configs.ResidualConfig.anneal_share,
                    help="--residual-scale annealed: share of the training steps over which λ falls to 0")
+    p.add_argument("--cross-fit", type=int, default=0, metavar="K",
+                   help="with --residual: cross-fit over K ≥ 2 folds of whole documents: each training step's windows "
+                        "come from one fold and its explicit part is the exact model solved without that fold (solved "
+                        "into RUN/folds); evaluation uses the exact model of the whole split (0: off)")
+    p.add_argument("--bundle", action="store_true",
+                   help="with --residual: copy the exact model into the run (RUN/exact), so it survives moving "
+                        "and re-solving the exact run (`saffu pack` does it later)")
     p.add_argument("--reference", type=Path, metavar="RUN",
                    help="--init inherit: a trained transformer run whose token embeddings, positions, first "
                         "--inherit-layers blocks, final norm and output layer start the new run; or a SAFFU "
@@ -999,6 +1039,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_flags(p)
     p.add_argument("--split", nargs="*", help="splits to score (default: all but training)")
     _add_eval_flags(p)
+    _add_common(p)
+
+    p = command("pack", "make a run self-contained (a residual's exact model copied in)",
+                "Copy the exact model a residual run was trained over into the run (RUN/exact; its content "
+                "fingerprint checked first) and point the run at the copy, so the run survives moving it "
+                "and re-solving or deleting the exact run.", cmd_pack)
+    p.add_argument("--run", type=Path, required=True, help="a residual run directory (of `saffu train --residual`)")
     _add_common(p)
 
     p = command("blimp", "BLiMP minimal-pair accuracy of a run",
@@ -1080,14 +1127,34 @@ def _one_line_warnings(show):
     return showwarning
 
 
+#: What each writing command writes into: ``(flag, attribute, a directory?)``; the command
+#: holds that directory's write lock (an ARPA file: its folder's) for the whole run.
+OUTPUTS = {"prepare": ("--workdir", "workdir", True), "stats": ("--workdir", "workdir", True),
+           "fit": ("--run", "run", True), "exact": ("--run", "run", True), "factorise": ("--run", "run", True),
+           "train": ("--run", "run", True), "pack": ("--run", "run", True), "demo": ("--workdir", "workdir", True),
+           "ngram": ("--arpa", "arpa", False)}
+
+
+def _lock(args) -> contextlib.AbstractContextManager:
+    """The write lock of the command's output directory (none for readers, and for the
+    processes of a multi-process job other than process 0, which alone writes)."""
+    if args.command not in OUTPUTS or getattr(args, "process_id", 0) != 0:
+        return contextlib.nullcontext()
+    flag, name, directory = OUTPUTS[args.command]
+    path = getattr(args, name)
+    if path is None:
+        return contextlib.nullcontext()
+    _check_writable(path, flag, directory)
+    return exclusive(path if directory else Path(path).parent)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     warnings.showwarning = _one_line_warnings(warnings.showwarning)
     try:
         _check_writable(args.metrics_json, "--metrics-json")
-        if args.command in ("fit", "train", "exact", "factorise"):
-            _check_writable(args.run, "--run")
-        metrics = args.run_command(args)
+        with _lock(args):
+            metrics = args.run_command(args)
         write_metrics(args.metrics_json, metrics)
     except SaffuError as err:
         print(f"saffu: error: {err}", file=sys.stderr)
@@ -1099,6 +1166,13 @@ def main(argv: list[str] | None = None) -> int:
         hint = getattr(args, "on_interrupt", None)
         print(f"saffu: interrupted{'; ' + hint if hint else ''}", file=sys.stderr)
         return 130
+    except Exception as err:       # a full disk anywhere else (OSError, or a library's error wrapping it)
+        if not is_disk_full(err):
+            raise
+        where = getattr(err, "filename", None) or "a file"
+        print(f"saffu: error: cannot write {where}: the disk is full; free space and rerun the same command",
+              file=sys.stderr)
+        return 2
     return 0
 
 

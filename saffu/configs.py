@@ -770,6 +770,9 @@ class TransformerConfig(SelfGuided):
 
 
 RESIDUAL_SCALES = ("fixed", "learned", "annealed")
+#: Blocks of whole documents a training stream is cut into for cross-fitting (block b is in
+#: fold b mod K; :mod:`saffu.data.folds`).
+FOLD_BLOCKS = 64
 
 #: What an explicit init of the transformer takes from the explicit low-rank factors
 #: (:func:`saffu.models.transformer.explicit_transformer_init`).
@@ -798,6 +801,19 @@ class ResidualConfig:
         model early on. ``λ`` is then a per-step input (:meth:`step_inputs`), not a parameter.
       scale_init: ``λ`` at step 0.
       anneal_share: with ``"annealed"``, the share of the training steps over which ``λ`` falls.
+      explicit_sha256: content fingerprint of the explicit tables the run was made over
+        (:func:`saffu._io.tree_fingerprint`); loading refuses other tables ("" : not checked,
+        runs saved before it was recorded).
+      folds: cross-fitting (``K ≥ 2``; 0: none). The training split is cut into
+        ``fold_blocks`` blocks of whole documents, block ``b`` in fold ``b mod K``
+        (:mod:`saffu.data.folds`); training step ``s`` draws its windows from fold ``s mod K``
+        only, and its explicit part is the exact model solved without that fold
+        (``fold_runs[k]``), so the trainable part never learns to lean on tables that counted
+        its own targets. Evaluation, BLiMP and generation use ``explicit_run``, the exact model
+        of the whole split.
+      fold_blocks: blocks of the fold assignment.
+      fold_runs: with ``folds``, the exact run of each fold's complement, in fold order.
+      fold_sha256: their content fingerprints (as ``explicit_sha256``).
     """
 
     base: Any
@@ -807,6 +823,11 @@ class ResidualConfig:
     scale_init: float = 1.0
     anneal_share: float = 0.5
     kind: str = "residual"
+    explicit_sha256: str = ""
+    folds: int = 0
+    fold_blocks: int = FOLD_BLOCKS
+    fold_runs: tuple[str, ...] = ()
+    fold_sha256: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.scale not in RESIDUAL_SCALES:
@@ -824,6 +845,11 @@ class ResidualConfig:
         if self.base.vocab_size != self.explicit.vocab_size:
             raise SaffuError(f"the trainable model has {self.base.vocab_size:,} tokens but the explicit one "
                              f"{self.explicit.vocab_size:,}")
+        if self.folds == 1 or self.folds < 0 or (self.folds and len(self.fold_runs) != self.folds):
+            raise SaffuError(f"a cross-fitted residual needs K ≥ 2 folds and one exact run per fold; got "
+                             f"{self.folds} folds and {len(self.fold_runs)} runs")
+        if self.folds and self.scale == "annealed":
+            raise SaffuError("cross-fitting and an annealed λ do not go together; use --residual-scale fixed or learned")
 
     @property
     def vocab_size(self) -> int:
@@ -842,7 +868,8 @@ class ResidualConfig:
     def fixed_params(self) -> tuple[str, ...]:
         """Never trained: the explicit tables, and ``λ`` when it is fixed (an annealed ``λ`` is
         a per-step input, not a parameter)."""
-        return ("explicit", "scale") if self.scale == "fixed" else ("explicit",)
+        tables = ("explicit", "folds") if self.folds else ("explicit",)
+        return tables + ("scale",) if self.scale == "fixed" else tables
 
     def anneal_steps(self, steps: int) -> int:
         """Steps of a ``steps``-step run that read the explicit model (all of them unless annealed)."""
@@ -854,10 +881,26 @@ class ResidualConfig:
         ``λ = scale_init · ½(1 + cos(π·step/anneal_steps))`` until ``anneal_steps``, then none,
         and the explicit part is not computed; fixed or learned, none (``λ`` is a parameter)."""
         import numpy as np
+        if self.folds:                 # cross-fitted: the fold whose windows (and tables) this step uses
+            return {"fold": np.int32(step % self.folds)}
         if self.scale != "annealed":
             return {}
         weight = guide_alpha(step, self.anneal_steps(steps))
         return {} if weight is None else {"scale": np.float32(self.scale_init * weight)}
+
+    def eval_inputs(self, step: int, steps: int) -> dict:
+        """Inputs of an evaluation at step ``step``: :meth:`step_inputs` without the fold (an
+        evaluation uses the exact model of the whole split)."""
+        return {name: value for name, value in self.step_inputs(step, steps).items() if name != "fold"}
+
+    def window_pools(self, stream, seq_len: int) -> list | None:
+        """Cross-fitted: per fold, the first targets of the training windows inside it
+        (:func:`saffu.data.folds.fold_window_starts`); step ``s`` draws from pool ``s mod K``.
+        Otherwise ``None`` (windows from the whole stream)."""
+        if not self.folds:
+            return None
+        from saffu.data.folds import fold_window_starts
+        return fold_window_starts(stream, self.folds, seq_len, self.fold_blocks)
 
     def init(self, key) -> Params:
         """The trainable part at step 0 (:func:`saffu.models.residual.residual_init`); the

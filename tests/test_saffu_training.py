@@ -1,9 +1,11 @@
+import dataclasses
 import json
 import shutil
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 
@@ -194,3 +196,39 @@ def test_bfloat16_compute_trains_close_to_float32(tiny_workdir, tmp_path):
                                                                                  jax.tree.leaves(bf16)))
     assert h16[-1]["dev_loss"] < h16[0]["dev_loss"] - 0.1
     assert h16[-1]["dev_loss"] == pytest.approx(h32[-1]["dev_loss"], abs=0.05)
+
+
+def test_frozen_parameters_gather_no_adam_moments_and_start_afresh_at_the_thaw():
+    from saffu.training.trainer import make_optimizer
+    config = TrainConfig(freeze=("attention_0",), thaw_step=3, learning_rate=0.1, warmup_steps=0, weight_decay=0.0,
+                         clip_norm=1e9)
+    optimizer = make_optimizer(config, steps=10)
+    params = {"w": jnp.ones(3), "attention_0": jnp.ones(2)}
+    state = optimizer.init(params)
+    grads = [{"w": jnp.full(3, 0.5 * (t + 1)), "attention_0": jnp.full(2, (-1.0) ** t * (t + 1))} for t in range(5)]
+    fresh = optax.scale_by_adam(eps=config.adam_eps)           # what the thawed parameter must follow
+    fresh_state = fresh.init(params["attention_0"])
+    lr = optax.warmup_cosine_decay_schedule(0.0, 0.1, 0, 10)
+    for t, g in enumerate(grads):
+        updates, state = optimizer.update(g, state, params)
+        moments = [leaf for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]
+                   if "attention_0" in jax.tree_util.keystr(path)]
+        if t < 3:             # frozen: no update, and its moments stay at zero
+            np.testing.assert_array_equal(updates["attention_0"], 0.0)
+            assert moments and all(float(jnp.abs(m).max()) == 0.0 for m in moments)
+        else:                 # thawed: Adam from scratch on the gradients since the thaw, the global schedule
+            step_update, fresh_state = fresh.update(g["attention_0"], fresh_state)
+            np.testing.assert_allclose(updates["attention_0"], -lr(t) * step_update, rtol=1e-6)
+        assert float(jnp.abs(updates["w"]).max()) > 0                # the free parameters train throughout
+
+
+def test_a_run_past_its_thaw_moves_the_frozen_parameters_only_after_it(tiny_workdir, tmp_path):
+    config = tiny_config(tiny_workdir)
+    params = init_params(config, jax.random.key(2))
+    stream = tiny_workdir.tokens("train_10M")
+    settings = TrainConfig(steps=8, batch_size=2, seq_len=16, freeze=("attention_0",), thaw_step=4,
+                           checkpoint_every=4)
+    final, _ = train(config, params, stream, settings, tmp_path / "f", progress=False)
+    at_thaw, _ = train(config, params, stream, dataclasses.replace(settings, steps=4), tmp_path / "g", progress=False)
+    np.testing.assert_array_equal(at_thaw["blocks"][0]["attention_0"], params["blocks"][0]["attention_0"])
+    assert not np.allclose(final["blocks"][0]["attention_0"], params["blocks"][0]["attention_0"])

@@ -103,6 +103,10 @@ def test_same_subset_is_reused_and_a_new_request_rebuilds(tiny_workdir, tmp_path
     ({"train_fraction": -0.5}, "must be in (0, 1]"),
     ({"train_fraction": 1.5}, "must be in (0, 1]"),
     ({"train_fraction": 0.5, "train_tokens": 100}, "not both"),
+    ({"train_fraction": 0.5, "train_documents": [(0, 3)]}, "not both"),
+    ({"train_documents": [(3, 1)]}, "sorted, disjoint"),
+    ({"train_documents": [(0, 4), (2, 6)]}, "sorted, disjoint"),
+    ({"train_documents": [(0, 10**6)]}, "sorted, disjoint"),
     ({"train_tokens": 10**9}, "more than the"),
     ({"train_tokens": 1}, "integer ≥ 2"),
     ({"train_tokens": 100.5}, "integer ≥ 2"),
@@ -110,6 +114,7 @@ def test_same_subset_is_reused_and_a_new_request_rebuilds(tiny_workdir, tmp_path
     ({}, "nothing to subset"),
 ])
 def test_bad_arguments(tiny_workdir, tmp_path, kwargs, message):
+    """(Also ``train_documents``, the cross-fitting folds' way in.)"""
     with pytest.raises(SaffuError, match=message.replace("(", r"\(").replace(")", r"\)")):
         subset_workdir(tiny_workdir, tmp_path / "sub", **kwargs)
     assert not (tmp_path / "sub" / "meta.json").exists()

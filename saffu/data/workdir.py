@@ -19,6 +19,7 @@ fixed slice of a corpus.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import shutil
@@ -30,7 +31,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from saffu._io import SaffuError, SaffuWarning, atomic_open, atomic_write_json
+from saffu._io import FINGERPRINT_DIGITS, SaffuError, SaffuWarning, atomic_open, atomic_write_json, file_fingerprint
 from saffu.configs import PrepareConfig
 from saffu.data import tokenizer as tok
 from saffu.data.corpus import Corpus, ReadStats, check_not_empty, iter_documents
@@ -63,6 +64,19 @@ class WorkDir:
         info = self.meta["splits"][split]
         return np.memmap(self.path / "tokens" / f"{split}.bin", dtype=self.meta["dtype"],
                          mode="r", shape=(info["tokens"],))
+
+    @functools.cached_property
+    def fingerprint(self) -> dict[str, str]:
+        """What a run made from this work directory depends on, by content:
+        ``{"tokenizer": sha256 of tokenizer.json, "streams": sha256 of every split's name,
+        dtype and tokens}`` (hex prefixes). Re-preparing the same corpus gives the same
+        fingerprint; another tokenizer of the same size, or other text, does not."""
+        digest = hashlib.sha256()
+        for split in sorted(self.meta["splits"]):
+            digest.update(f"{split}|{self.meta['dtype']}|".encode())
+            digest.update(np.ascontiguousarray(self.tokens(split)).tobytes())
+        return {"tokenizer": file_fingerprint(self.path / "tokenizer.json"),
+                "streams": digest.hexdigest()[:FINGERPRINT_DIGITS]}
 
     def split_info(self, split: str) -> dict[str, int]:
         """Counts of ``split``: tokens, predicted_tokens, documents, bytes, words, replaced_bytes."""
@@ -236,6 +250,7 @@ SUBSET_BLOCKS = 64
 
 def subset_workdir(source: WorkDir, path: str | Path, *, train_tokens: int | None = None,
                    train_fraction: float | None = None, dev_tokens: int | None = None,
+                   train_documents: list[tuple[int, int]] | None = None,
                    seed: int = 0, show_progress: bool = False) -> WorkDir:
     """A smaller work directory whose splits hold whole documents of ``source``'s.
 
@@ -264,6 +279,8 @@ def subset_workdir(source: WorkDir, path: str | Path, *, train_tokens: int | Non
       train_tokens: target size of the training stream in tokens (``2 ≤ n ≤`` the source's).
       train_fraction: share of the source's training tokens in ``(0, 1]``.
       dev_tokens: target size of the ``dev`` stream in tokens.
+      train_documents: instead of a size, the training documents to keep, as sorted,
+        disjoint index ranges ``[a, b)`` (e.g. the folds of :mod:`saffu.data.folds`).
       seed: seed of the offsets of the runs within their blocks.
       show_progress: progress bars while counting.
 
@@ -271,12 +288,12 @@ def subset_workdir(source: WorkDir, path: str | Path, *, train_tokens: int | Non
     """
     start = time.perf_counter()
     path = Path(path)
-    if train_tokens is not None and train_fraction is not None:
-        raise SaffuError("give train_tokens or train_fraction, not both")
+    if sum(x is not None for x in (train_tokens, train_fraction, train_documents)) > 1:
+        raise SaffuError("give one of train_tokens, train_fraction and train_documents, not both")
     if train_fraction is not None and not 0.0 < float(train_fraction) <= 1.0:
         raise SaffuError(f"train_fraction {train_fraction} must be in (0, 1]")
-    if train_tokens is None and train_fraction is None and dev_tokens is None:
-        raise SaffuError("nothing to subset: give train_tokens, train_fraction or dev_tokens")
+    if train_tokens is None and train_fraction is None and dev_tokens is None and train_documents is None:
+        raise SaffuError("nothing to subset: give train_tokens, train_fraction, train_documents or dev_tokens")
     if path.resolve() == Path(source.path).resolve():
         raise SaffuError(f"the subset must go to a new directory, not the source {source.path}")
     train = source.train_split
@@ -285,6 +302,14 @@ def subset_workdir(source: WorkDir, path: str | Path, *, train_tokens: int | Non
         wanted[train] = _check_tokens(source, train, train_tokens, "train_tokens")
     elif train_fraction is not None:
         wanted[train] = max(2, int(round(float(train_fraction) * source.split_info(train)["tokens"])))
+    elif train_documents is not None:
+        train_documents = [(int(a), int(b)) for a, b in train_documents]
+        documents = source.split_info(train)["documents"]
+        if not train_documents or any(not 0 <= a < b <= documents for a, b in train_documents) or any(
+                b > a for (_, b), (a, _) in zip(train_documents, train_documents[1:])):
+            raise SaffuError(f"train_documents must be sorted, disjoint, non-empty ranges within the "
+                             f"{documents:,} training documents")
+        wanted[train] = sum(b - a for a, b in train_documents)
     if dev_tokens is not None:
         if train == "dev":
             raise SaffuError("dev is the training split here; use train_tokens instead of dev_tokens")
@@ -293,6 +318,7 @@ def subset_workdir(source: WorkDir, path: str | Path, *, train_tokens: int | Non
     request = {"source": str(Path(source.path).resolve()),
                "source_meta_sha256": hashlib.sha256((Path(source.path) / "meta.json").read_bytes()).hexdigest(),
                "train_tokens": train_tokens, "train_fraction": train_fraction, "dev_tokens": dev_tokens,
+               **({"train_documents": [list(r) for r in train_documents]} if train_documents is not None else {}),
                "seed": int(seed), "method": f"evenly spaced blocks (at most {SUBSET_BLOCKS})"}
     if (path / "meta.json").is_file():
         try:
@@ -319,7 +345,8 @@ def subset_workdir(source: WorkDir, path: str | Path, *, train_tokens: int | Non
         stream = np.asarray(source.tokens(split))
         first, last = _document_bounds(stream, source, split)     # doc i: stream[first[i]:last[i]], then <eod>
         lengths = last - first + 1                                 # its tokens and its closing <eod>
-        ranges = _select_documents(lengths, wanted[split] - 1, seed)
+        ranges = (train_documents if split == train and train_documents is not None
+                  else _select_documents(lengths, wanted[split] - 1, seed))
         pieces = [stream[:1]] + [stream[first[a]:last[b - 1] + 1] for a, b in ranges]
         subset = np.concatenate(pieces).astype(dtype)
         with atomic_open(out) as handle:

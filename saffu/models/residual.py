@@ -75,16 +75,28 @@ def residual_init(config: ResidualConfig, key: jax.Array) -> Params:
     return {**model, "scale": jnp.asarray(config.scale_init, jnp.float32)}
 
 
-def with_explicit(params: Params, explicit: Params) -> Params:
+def with_explicit(params: Params, explicit: Params, folds: list[Params] | None = None) -> Params:
     """``params`` (:func:`residual_init` or a checkpoint of it) with the explicit model's
-    tables (:func:`saffu.solve.exact.solve_exact`, or ``load_explicit`` of its run) added."""
-    return {**params, "explicit": explicit}
+    tables (:func:`saffu.solve.exact.solve_exact`, or ``load_explicit`` of its run) added, and
+    for training a cross-fitted residual each fold's tables (the exact model solved without
+    that fold, in fold order)."""
+    return {**params, "explicit": explicit, **({"folds": list(folds)} if folds is not None else {})}
 
 
 def explicit_log_probs(params: Params, config: ResidualConfig, tokens: jax.Array) -> jax.Array:
-    """``log P_explicit`` at every position, gradient stopped: ``int32[B, S]`` -> ``float32[B, S, V]``."""
-    frozen = jax.tree.map(jax.lax.stop_gradient, params["explicit"])
-    return jax.nn.log_softmax(config.explicit.logits(frozen, tokens).astype(jnp.float32), axis=-1)
+    """``log P_explicit`` at every position, gradient stopped: ``int32[B, S]`` -> ``float32[B, S, V]``.
+    With a ``"fold"`` input (a cross-fitted training step) the tables are that fold's
+    (``params["folds"][fold]``, chosen by ``lax.switch``: only that fold's lookup runs, no
+    table is copied); otherwise the whole split's (``params["explicit"]``)."""
+    if "fold" in params:
+        folds = jax.tree.map(jax.lax.stop_gradient, params["folds"])
+        branches = [lambda tokens, tables=tables: config.explicit.logits(tables, tokens).astype(jnp.float32)
+                    for tables in folds]
+        logits = jax.lax.switch(params["fold"], branches, tokens)
+    else:
+        frozen = jax.tree.map(jax.lax.stop_gradient, params["explicit"])
+        logits = config.explicit.logits(frozen, tokens).astype(jnp.float32)
+    return jax.nn.log_softmax(logits, axis=-1)
 
 
 def residual_logits(params: Params, config: ResidualConfig, tokens: jax.Array) -> jax.Array:

@@ -1,14 +1,27 @@
 """Run directories: the model's config, its explicit solution and its training checkpoints.
 
-A run directory holds ``config.json`` (the model and the work directory it belongs to),
-``explicit/`` (the explicit solution, if solved), ``checkpoints/`` (orbax: step, params and
-optimizer state, the latest two) and ``metrics.jsonl`` (one line per evaluation, if trained).
+A run directory holds ``config.json`` (the model, the work directory it belongs to and the
+fingerprints of its inputs), ``explicit/`` (the explicit solution, if solved),
+``checkpoints/`` (orbax: step, params and optimizer state, the latest two) and
+``metrics.jsonl`` (one line per evaluation, if trained); a packed residual run also holds its
+exact model's run in ``exact/``.
+
+Pinned inputs: ``config.json`` records the work directory's fingerprint
+(:attr:`saffu.data.workdir.WorkDir.fingerprint`) and, for a solved run, the content
+fingerprint of its explicit solution (``explicit_sha256``); a residual run records the
+fingerprint of the exact tables it was trained over (:attr:`ResidualConfig.explicit_sha256`)
+and the exact run's path relative to its own. Loading checks them all: a run is never scored
+against tables or a tokenizer other than its own without a word.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import logging
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +30,26 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from saffu._io import SaffuError, atomic_write_json
+from saffu._io import (SaffuError, atomic_write_json, check_free, disk_full_error, exclusive, is_disk_full,
+                       tree_fingerprint)
 from saffu.configs import ExactConfig, FactorisedConfig, ResidualConfig, SaffuConfig, TransformerConfig
 from saffu.data.workdir import WorkDir
 
 
 Params = dict
+
+
+@contextlib.contextmanager
+def _orbax_failures_unlogged():
+    """orbax logs every failed background write (through absl's logger) with a traceback, then
+    raises the error anyway; the caller reports it, as one line for a full disk."""
+    logger = logging.getLogger("absl")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def checkpoint_manager(directory: Path) -> ocp.CheckpointManager:
@@ -31,11 +58,49 @@ def checkpoint_manager(directory: Path) -> ocp.CheckpointManager:
         max_to_keep=2, create=True, enable_async_checkpointing=False))
 
 
-def save_run_config(run_dir: str | Path, config: SaffuConfig, workdir: WorkDir) -> None:
-    """Write ``config.json``: the model and the work directory it belongs to."""
-    atomic_write_json(Path(run_dir) / "config.json", {"model": dataclasses.asdict(config),
-                                                      "workdir": str(workdir.path.resolve()),
-                                                      "corpus": workdir.meta["corpus"]})
+def save_run_config(run_dir: str | Path, config: SaffuConfig, workdir: WorkDir, **record) -> None:
+    """Write ``config.json``: the model, the work directory it belongs to and its fingerprint
+    (plus ``record``'s entries, e.g. ``explicit_sha256``). A residual's exact run is stored
+    relative to ``run_dir`` (so the two survive moving together)."""
+    fields = dataclasses.asdict(config)
+    relative = lambda path: (os.path.relpath(Path(path).resolve(), Path(run_dir).resolve()) if Path(path).is_absolute()
+                             else path)
+    if config.kind == "residual":
+        fields.update(explicit_run=relative(config.explicit_run), fold_runs=[relative(p) for p in config.fold_runs])
+    atomic_write_json(Path(run_dir) / "config.json", {"model": fields, "workdir": str(workdir.path.resolve()),
+                                                      "corpus": workdir.meta["corpus"],
+                                                      "workdir_fingerprint": workdir.fingerprint, **record})
+
+
+def run_record(run_dir: str | Path) -> dict:
+    """The whole ``config.json`` of a run directory (model, work directory, fingerprints)."""
+    path = Path(run_dir) / "config.json"
+    if not path.is_file():
+        raise SaffuError(f"{run_dir} is not a saffu run (no config.json); create it with `saffu fit` "
+                         f"or `saffu train --init random`")
+    try:
+        return json.loads(path.read_text())
+    except ValueError as err:
+        raise SaffuError(f"{path} is unreadable ({err}); remove the run directory and start again") from None
+
+
+def check_inputs(run_dir: str | Path, workdir: WorkDir, streams: bool = False):
+    """The model config of ``run_dir`` after checking that ``workdir`` is the one it was made
+    from: the same vocabulary size and tokenizer (by content), and with ``streams`` (training
+    and resuming) the same token streams. One :class:`SaffuError` naming both fingerprints
+    and the fix otherwise. Runs saved before fingerprints were recorded are checked by size."""
+    config = load_run_config(run_dir)
+    if config.vocab_size != workdir.vocab_size:
+        raise SaffuError(f"run {run_dir} has a model of {config.vocab_size:,} tokens but {workdir.path} a tokenizer "
+                         f"of {workdir.vocab_size:,}; use the work directory the run was made from")
+    recorded = run_record(run_dir).get("workdir_fingerprint")
+    for part in ("tokenizer",) + (("streams",) if streams else ()):
+        if recorded and recorded.get(part) != workdir.fingerprint[part]:
+            made_from = run_record(run_dir).get("workdir", "?")
+            raise SaffuError(f"run {run_dir} was made with a work directory whose {part} has fingerprint "
+                             f"{recorded.get(part)}, but {workdir.path} has {workdir.fingerprint[part]}; use the "
+                             f"work directory the run was made from ({made_from})")
+    return config
 
 
 def model_config(fields: dict):
@@ -46,7 +111,8 @@ def model_config(fields: dict):
              "factorised": FactorisedConfig, "residual": ResidualConfig}
     kind = fields.get("kind", "saffu")
     if kind == "residual":   # the two parts are configs of their own
-        fields = {**fields, "base": model_config(fields["base"]), "explicit": model_config(fields["explicit"])}
+        fields = {**fields, "base": model_config(fields["base"]), "explicit": model_config(fields["explicit"]),
+                  "fold_runs": tuple(fields.get("fold_runs", ())), "fold_sha256": tuple(fields.get("fold_sha256", ()))}
     if kind not in kinds:
         raise SaffuError(f"unknown model kind {kind!r}; this saffu knows {', '.join(kinds)}")
     if kind == "exact":     # JSON lists back to the hashable tuples of the config
@@ -57,28 +123,125 @@ def model_config(fields: dict):
 
 
 def load_run_config(run_dir: str | Path):
-    """The model config of a run directory (SAFFU or transformer)."""
+    """The model config of a run directory (any kind; a residual's exact runs as absolute
+    paths, resolved from the run directory when stored relative to it)."""
     path = Path(run_dir) / "config.json"
-    if not path.is_file():
-        raise SaffuError(f"{run_dir} is not a saffu run (no config.json); create it with `saffu fit` "
-                         f"or `saffu train --init random`")
+    record = run_record(run_dir)
     try:
-        return model_config(json.loads(path.read_text())["model"])
-    except (ValueError, KeyError, TypeError) as err:
+        config = model_config(record["model"])
+    except (KeyError, TypeError) as err:
         raise SaffuError(f"{path} is unreadable ({err}); remove the run directory and start again") from None
+    if config.kind == "residual":
+        absolute = lambda path: path if Path(path).is_absolute() else str((Path(run_dir) / path).resolve())
+        config = dataclasses.replace(config, explicit_run=absolute(config.explicit_run),
+                                     fold_runs=tuple(absolute(p) for p in config.fold_runs))
+    return config
+
+
+def remove_stale_temporaries(run_dir: str | Path) -> list[Path]:
+    """Remove the temporary folders a killed save left in ``run_dir`` and its ``checkpoints/``
+    (orbax's ``*.orbax-checkpoint-tmp*``). Only call it while holding the run's write lock
+    (:func:`saffu._io.exclusive`): then no save is in progress. Returns what was removed."""
+    run_dir = Path(run_dir)
+    stale = [p for folder in (run_dir, run_dir / "checkpoints") if folder.is_dir()
+             for p in folder.iterdir() if ".orbax-checkpoint-tmp" in p.name]
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+    return stale
+
+
+def pack_run(run_dir: str | Path) -> dict:
+    """Copy a residual run's exact model (its ``config.json`` and ``explicit/``) into
+    ``run_dir/exact`` and point the run at it (stored relative), so the run survives moving and
+    the exact run being re-solved or deleted. The tables' content fingerprint is checked
+    against the one the run recorded before copying. Returns ``{"exact_run", "bytes"}``."""
+    run_dir = Path(run_dir)
+    config = load_run_config(run_dir)
+    if config.kind != "residual":
+        raise SaffuError(f"{run_dir} holds a {config.kind}, which reads no other run; only residual runs need packing")
+    source, target = Path(config.explicit_run), run_dir / "exact"
+    size = sum(p.stat().st_size for p in (source / "explicit").rglob("*") if p.is_file())
+    if source.resolve() == target.resolve():
+        return {"exact_run": str(source), "bytes": size}
+    load_explicit(source, config.explicit, config.explicit_sha256)      # the tables the run was trained over
+    with exclusive(run_dir):
+        remove_stale_temporaries(run_dir)
+        check_free(run_dir, size, "the exact model's tables", "free space first")
+        staging = run_dir / "exact.orbax-checkpoint-tmp-pack"      # removed as stale if this is killed
+        try:
+            shutil.copytree(source / "explicit", staging / "explicit")
+            shutil.copy2(source / "config.json", staging / "config.json")
+            if target.exists():
+                shutil.rmtree(target)
+            staging.rename(target)
+        except OSError as err:
+            shutil.rmtree(staging, ignore_errors=True)
+            if is_disk_full(err):
+                raise disk_full_error(target, err, size) from None
+            raise
+        record = run_record(run_dir)
+        record["model"]["explicit_run"] = "exact"
+        atomic_write_json(run_dir / "config.json", record)
+    return {"exact_run": str(source), "bytes": size}
+
+
+def tree_bytes(tree) -> int:
+    """Bytes of a tree of arrays (or shape structs)."""
+    return sum(int(np.prod(np.shape(x))) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
+
+
+def save_explicit_run(run_dir: str | Path, config, workdir: WorkDir, params: Params, retry=None) -> str:
+    """Commit an explicit solution to ``run_dir``: its ``config.json`` is removed first and
+    written last, with the solution's content fingerprint, after ``explicit/`` is committed — so
+    a save killed at any point leaves either the old run or no run, never a config beside
+    tables it does not describe. The run's write lock is held meanwhile and stale temporary
+    folders of a killed save are removed. The bytes are compared with the free space before
+    writing; a full disk (early or during the write) removes the partial folder and calls
+    ``retry(error, run_dir)`` if given — it returns a directory to try again (the same one
+    after freeing space, or another) or ``None`` to give up — else raises one
+    :class:`SaffuError`. Returns the directory the solution was saved to."""
+    fingerprint = tree_fingerprint(params)
+    while True:
+        run_dir = Path(run_dir)
+        try:
+            with exclusive(run_dir):
+                remove_stale_temporaries(run_dir)
+                (run_dir / "config.json").unlink(missing_ok=True)
+                check_free(run_dir, tree_bytes(params) + (1 << 20), f"the explicit solution ({config.kind})",
+                           "free space and rerun, or give another --run")
+                save_explicit(run_dir, params)
+                save_run_config(run_dir, config, workdir, explicit_sha256=fingerprint)
+            return str(run_dir)
+        except SaffuError as err:
+            remove_stale_temporaries(run_dir)
+            if retry is None:
+                raise
+            run_dir = retry(err, run_dir)
+            if run_dir is None:
+                raise
 
 
 def save_explicit(run_dir: str | Path, params: Params) -> None:
-    """Save explicit parameters to ``run_dir/explicit`` (orbax, replacing an older one)."""
+    """Save explicit parameters to ``run_dir/explicit`` (orbax, replacing an older one); a full
+    disk is one :class:`SaffuError` (the partial folder removed). Runs use
+    :func:`save_explicit_run`, which also pins the config to the solution."""
     path = (Path(run_dir) / "explicit").resolve()
-    with ocp.StandardCheckpointer() as checkpointer:
-        checkpointer.save(path, params, force=True)
+    try:
+        with _orbax_failures_unlogged(), ocp.StandardCheckpointer() as checkpointer:
+            checkpointer.save(path, params, force=True)
+    except Exception as err:  # orbax wraps the OSError of a full disk in errors of its own
+        if not is_disk_full(err):
+            raise
+        remove_stale_temporaries(run_dir)
+        raise disk_full_error(path, err, tree_bytes(params), "free space and rerun, or give another --run") from None
 
 
-def load_explicit(run_dir: str | Path, config) -> Params:
+def load_explicit(run_dir: str | Path, config, expect: str = "") -> Params:
     """The explicit solution saved in ``run_dir/explicit``: for SAFFU in the structure and shapes
     of :func:`saffu.models.saffu.init_params`; for the exact model as saved (its table sizes come
-    from the data)."""
+    from the data). Its content must match the fingerprint ``config.json`` recorded when it was
+    saved (and ``expect``, where a run that reads it recorded one): one :class:`SaffuError`
+    otherwise."""
     path = (Path(run_dir) / "explicit").resolve()
     if config.kind not in ("saffu", "exact", "factorised"):
         raise SaffuError(f"{run_dir} holds a {config.kind}, which has no explicit solution; it has no "
@@ -91,6 +254,16 @@ def load_explicit(run_dir: str | Path, config) -> Params:
             restored = checkpointer.restore(path)
     except Exception as err:  # orbax raises several types for damaged checkpoints
         raise SaffuError(f"cannot read {path} ({type(err).__name__}); solve the run again") from None
+    recorded = run_record(run_dir).get("explicit_sha256", "") if (Path(run_dir) / "config.json").is_file() else ""
+    if recorded or expect:
+        found = tree_fingerprint(restored)
+        if recorded and found != recorded:
+            raise SaffuError(f"the explicit solution in {path} (fingerprint {found}) is not the one {run_dir}/config.json "
+                             f"describes ({recorded}): an interrupted solve; solve the run again")
+        if expect and found != expect:
+            raise SaffuError(f"{run_dir} now holds explicit tables with fingerprint {found}, but this run was trained "
+                             f"over {expect}: it was solved again since; re-solve it as before (the run's config.json "
+                             f"records the exact model) or train again (`saffu pack` keeps a run's tables with it)")
     if config.kind == "exact":
         return jax.tree.map(jnp.asarray, restored)
     params = retype({"blocks": restored["blocks"]} if getattr(config, "exact_positions", ()) else restored,
@@ -107,7 +280,7 @@ def load_params(run_dir: str | Path, config, which: str = "latest") -> tuple[Par
     (or with ``"explicit"``) it is its step-0 state, which is the explicit model."""
     if config.kind == "residual":
         from saffu.models.residual import with_explicit
-        explicit = load_explicit(config.explicit_run, config.explicit)
+        explicit = load_explicit(config.explicit_run, config.explicit, config.explicit_sha256)
         params = config.init(jax.random.key(0))
         trained = {name: value for name, value in params.items() if name not in config.fixed_params}
         latest = load_latest_params(run_dir, trained) if which == "latest" else None
@@ -124,8 +297,9 @@ def load_params(run_dir: str | Path, config, which: str = "latest") -> tuple[Par
 
 def save_training_state(manager: ocp.CheckpointManager, step: int, params: Params, opt_state) -> None:
     """Checkpoint ``{"step", "params", "opt_state"}`` as step ``step`` (synchronously)."""
-    manager.save(step, args=ocp.args.StandardSave({"step": jnp.asarray(step, jnp.int32), "params": params,
-                                                  "opt_state": opt_state}))
+    with _orbax_failures_unlogged():
+        manager.save(step, args=ocp.args.StandardSave({"step": jnp.asarray(step, jnp.int32), "params": params,
+                                                      "opt_state": opt_state}))
 
 
 def restore_training_state(manager: ocp.CheckpointManager, run_dir: Path, params: Params, opt_state,

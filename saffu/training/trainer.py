@@ -29,13 +29,14 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tqdm.auto import tqdm
 
-from saffu._io import SaffuError
+from saffu._io import SaffuError, check_free, disk_full_error, exclusive, is_disk_full, megabytes
 from saffu.configs import TrainConfig
 from saffu.data.windows import shuffled_window_starts, stack_windows
 from saffu.engine import accounting
 from saffu.engine.distributed import local_mesh
 from saffu.models.interface import Params, window_loss
-from saffu.training.checkpoints import checkpoint_manager, restore_training_state, save_training_state
+from saffu.training.checkpoints import (checkpoint_manager, remove_stale_temporaries, restore_training_state,
+                                        save_training_state, tree_bytes)
 
 
 INITS = ("explicit", "random")
@@ -45,11 +46,47 @@ Model = object
 
 
 def make_optimizer(config: TrainConfig, steps: int) -> optax.GradientTransformation:
-    """Global-norm clipping, then AdamW on a linear warm-up + cosine decay schedule."""
+    """Global-norm clipping, then AdamW on a linear warm-up + cosine decay schedule.
+
+    With ``config.freeze``, the named parameters' Adam moments stay at zero until
+    ``thaw_step`` (an ``optax.multi_transform`` whose frozen part is :func:`wait_until`), so a
+    thawed parameter starts Adam afresh rather than from moments gathered while it could not
+    move; the learning-rate schedule and the weight decay stay on the global step. (The step
+    also zeroes the frozen parameters' updates, weight decay included.)"""
     warmup = min(config.warmup_steps, steps // 2)
     schedule = optax.warmup_cosine_decay_schedule(0.0, config.learning_rate, warmup, max(steps, warmup + 1))
+    if not config.freeze:
+        return optax.chain(optax.clip_by_global_norm(config.clip_norm),
+                           optax.adamw(schedule, eps=config.adam_eps, weight_decay=config.weight_decay))
+    frozen = set(config.freeze)
+    labels = lambda params: jax.tree_util.tree_map_with_path(
+        lambda path, _: "frozen" if getattr(path[-1], "key", None) in frozen else "free", params)
+    adam = optax.scale_by_adam(eps=config.adam_eps)
     return optax.chain(optax.clip_by_global_norm(config.clip_norm),
-                       optax.adamw(schedule, eps=config.adam_eps, weight_decay=config.weight_decay))
+                       optax.multi_transform({"free": adam, "frozen": wait_until(config.thaw_step, adam)}, labels),
+                       optax.add_decayed_weights(config.weight_decay),
+                       optax.scale_by_learning_rate(schedule))
+
+
+class WaitState(NamedTuple):
+    inner: optax.OptState
+    count: jax.Array
+
+
+def wait_until(step: int, inner: optax.GradientTransformation) -> optax.GradientTransformation:
+    """``inner`` from update ``step`` on; before it, zero updates and ``inner``'s state kept as
+    initialised (no moment accumulates)."""
+    def init(params):
+        return WaitState(inner.init(params), jnp.zeros((), jnp.int32))
+
+    def update(updates, state, params=None):
+        new_updates, new_inner = inner.update(updates, state.inner, params)
+        active = state.count >= step
+        new_updates = jax.tree.map(lambda u: jnp.where(active, u, jnp.zeros_like(u)), new_updates)
+        new_inner = jax.tree.map(lambda new, old: jnp.where(active, new, old), new_inner, state.inner)
+        return new_updates, WaitState(new_inner, state.count + 1)
+
+    return optax.GradientTransformation(init, update)
 
 
 def steps_per_epoch(num_targets: int, config: TrainConfig) -> int:
@@ -64,23 +101,43 @@ def run_steps(train_stream: np.ndarray, config: TrainConfig) -> int:
 
 class BatchSchedule:
     """The batch of every step as a pure function of ``(seed, step)``: windows in a seeded
-    shuffled order per epoch, so resuming at step ``i`` sees exactly the data it would have."""
+    shuffled order per epoch, so resuming at step ``i`` sees exactly the data it would have.
+
+    A model with ``window_pools(stream, seq_len)`` (a cross-fitted residual: one pool of
+    window starts per fold) has step ``s`` draw its windows from pool ``s mod P`` only, each
+    pool in its own seeded order per epoch (wrapping around when a pool runs short)."""
 
     def __init__(self, stream: np.ndarray, model: Model, config: TrainConfig):
         self.stream, self.model, self.config = stream, model, config
         self.per_epoch = steps_per_epoch(len(stream) - 1, config)
         self._key = jax.random.fold_in(jax.random.key(config.seed), 1)  # data stream of the seed
         self._epoch, self._starts = -1, None
+        pools = getattr(model, "window_pools", lambda stream, seq_len: None)(stream, config.seq_len)
+        if pools is not None and any(len(pool) == 0 for pool in pools):
+            raise SaffuError(f"a fold holds no whole window of {config.seq_len} targets; use a shorter --seq-len "
+                             f"or fewer folds")
+        self._pools = pools
 
     def __call__(self, step: int) -> tuple[np.ndarray, np.ndarray]:
         epoch, index = divmod(step, self.per_epoch)
+        size = self.config.batch_size
         if epoch != self._epoch:
             self._epoch = epoch
-            self._starts = shuffled_window_starts(1, len(self.stream), self.config.seq_len,
-                                                  jax.random.fold_in(self._key, epoch))
-        starts = self._starts[index * self.config.batch_size:(index + 1) * self.config.batch_size]
+            key = jax.random.fold_in(self._key, epoch)
+            self._starts = (shuffled_window_starts(1, len(self.stream), self.config.seq_len, key) if self._pools is None
+                            else [_permuted(pool, jax.random.fold_in(key, p)) for p, pool in enumerate(self._pools)])
+        if self._pools is None:
+            starts = self._starts[index * size:(index + 1) * size]
+        else:
+            pool = self._starts[step % len(self._pools)]
+            starts = pool[np.arange(index // len(self._pools) * size, (index // len(self._pools) + 1) * size) % len(pool)]
         return stack_windows(self.stream, starts, [len(self.stream)] * len(starts), self.model.context,
                              self.config.seq_len)
+
+
+def _permuted(values: np.ndarray, key: jax.Array) -> np.ndarray:
+    """``values`` in a seeded random order."""
+    return np.random.default_rng(np.asarray(jax.random.key_data(key)).ravel()).permutation(values)
 
 
 def evenly_spaced_windows(stream: np.ndarray, model: Model, seq_len: int, count: int):
@@ -223,6 +280,40 @@ class _Meter:
         self._tick = time.perf_counter()
 
 
+def _resume_hint(manager) -> str:
+    """What rerunning does, from the last committed checkpoint of ``manager``."""
+    last = manager.latest_step()
+    return ("free space and rerun the same command: it starts again (no checkpoint was committed)" if last is None
+            else f"free space and rerun the same command: it resumes from its checkpoint at step {last:,}")
+
+
+def _check_room(run_dir: Path, manager, checkpoint_bytes: int, start: int, steps: int, config: TrainConfig) -> None:
+    """Refuse before training when the checkpoints still to come cannot fit: at most
+    ``max_to_keep + 1`` (2 + 1: a new one is written before the oldest goes) exist at once."""
+    if start >= steps:
+        return
+    saves_left = len({min(s, steps) for s in range(start + 1, steps + 1)
+                      if s % config.checkpoint_every == 0 or s == steps})
+    existing = len(manager.all_steps())
+    more = max(min(3, existing + saves_left) - existing, 0)
+    check_free(run_dir, more * checkpoint_bytes + (1 << 20),
+               f"{more} training checkpoint{'s' if more != 1 else ''} of {megabytes(checkpoint_bytes)}",
+               "free space, or train into a --run on another disk")
+
+
+def _save(manager, run_dir: Path, step: int, params: Params, opt_state, checkpoint_bytes: int) -> None:
+    """Checkpoint ``step``; a full disk is one :class:`SaffuError` (the partial folder removed,
+    the earlier checkpoints intact)."""
+    try:
+        save_training_state(manager, step, params, opt_state)
+    except Exception as err:   # orbax wraps the OSError of a full disk in errors of its own
+        if not is_disk_full(err):
+            raise
+        remove_stale_temporaries(run_dir)
+        raise disk_full_error(run_dir / "checkpoints" / str(step), err, checkpoint_bytes,
+                              _resume_hint(manager)) from None
+
+
 def train(model: Model, params: Params, train_stream: np.ndarray, config: TrainConfig,
           run_dir: str | Path, dev_stream: np.ndarray | None = None,
           on_eval: Callable[[dict], None] | None = None, progress: bool = True,
@@ -253,7 +344,13 @@ def train(model: Model, params: Params, train_stream: np.ndarray, config: TrainC
 
     Returns the final parameters and the evaluation history of this call.
     """
-    run_dir = Path(run_dir)
+    with exclusive(run_dir):
+        return _train(model, params, train_stream, config, Path(run_dir), dev_stream, on_eval, progress, mesh)
+
+
+def _train(model, params, train_stream, config, run_dir: Path, dev_stream, on_eval, progress, mesh):
+    """:func:`train` while holding ``run_dir``'s write lock."""
+    remove_stale_temporaries(run_dir)      # a killed save's folders: no other writer is running
     steps = run_steps(train_stream, config)
     optimizer = make_optimizer(config, steps)
     schedule = BatchSchedule(train_stream, model, config)
@@ -266,6 +363,8 @@ def train(model: Model, params: Params, train_stream: np.ndarray, config: TrainC
     metrics_path = run_dir / "metrics.jsonl"
     start, params, opt_state, seconds = restore_training_state(manager, run_dir, params, optimizer.init(params),
                                                                metrics_path)
+    checkpoint_bytes = tree_bytes(params) + tree_bytes(opt_state)
+    _check_room(run_dir, manager, checkpoint_bytes, start, steps, config)
     if mesh is not None:
         if config.batch_size % mesh.devices.size:
             raise SaffuError(f"--batch-size {config.batch_size} must be a multiple of the {mesh.devices.size} devices")
@@ -279,6 +378,7 @@ def train(model: Model, params: Params, train_stream: np.ndarray, config: TrainC
     # names is one phase with its own compiled step (compiled ahead of time: XLA's FLOP count of
     # one step comes with the compilation)
     step_inputs = getattr(model, "step_inputs", lambda step, steps: {})
+    eval_inputs = getattr(model, "eval_inputs", step_inputs)      # e.g. no training fold
     put_inputs = (lambda inputs: jax.device_put(inputs, replicated)) if mesh is not None else (lambda inputs: inputs)
     batch = put_batch(schedule(min(start, steps - 1)))
     stats = StepStats.zeros()
@@ -319,37 +419,44 @@ def train(model: Model, params: Params, train_stream: np.ndarray, config: TrainC
                   "flops": flops_done, "xla_flops": xla_done,
                   **accounting.memory_record(),
                   "train_loss": meter.train_loss(),
-                  "dev_loss": dev_loss({**params, **fixed, **put_inputs(step_inputs(step, steps))}),
+                  "dev_loss": dev_loss({**params, **fixed, **put_inputs(eval_inputs(step, steps))}),
                   "skipped_steps": meter.skipped}
         history.append(record)
-        with open(metrics_path, "a") as handle:
-            handle.write(json.dumps(record) + "\n")
+        try:
+            with open(metrics_path, "a") as handle:
+                handle.write(json.dumps(record) + "\n")
+        except OSError as err:
+            if not is_disk_full(err):
+                raise
+            raise disk_full_error(metrics_path, err, then=_resume_hint(manager)) from None
         if on_eval:
             on_eval(record)
 
-    if start == 0:
-        evaluate(0)
-    meter.resume()
-    bar = tqdm(range(start, steps), initial=start, total=steps, desc="train", disable=not progress, leave=False)
-    for step in bar:
-        compiled_step, step_flops, step_xla_flops, inputs = phase(step)
-        params, opt_state, stats = compiled_step(params, opt_state, stats, jnp.asarray(step), *batch,
-                                                 {**fixed, **put_inputs(inputs)})
-        count(step_flops, step_xla_flops)
-        done = step + 1
-        if done < steps:      # prefetch: the next batch goes to the device while this step runs
-            batch = put_batch(schedule(done))
-        eval_now = done % config.eval_every == 0 or done == steps
-        save_now = done % config.checkpoint_every == 0 or done == steps
-        if eval_now or save_now or done % config.log_every == 0:
-            meter.read(stats, config)
-            stats = StepStats.zeros()
-            bar.set_postfix(loss=f"{meter.last_loss:.4f}", refresh=False)
-            if eval_now:
-                evaluate(done)
-            if save_now:
-                save_training_state(manager, done, params, opt_state)
-            meter.resume()
-    manager.wait_until_finished()
-    manager.close()
+    try:
+        if start == 0:
+            evaluate(0)
+        meter.resume()
+        bar = tqdm(range(start, steps), initial=start, total=steps, desc="train", disable=not progress, leave=False)
+        for step in bar:
+            compiled_step, step_flops, step_xla_flops, inputs = phase(step)
+            params, opt_state, stats = compiled_step(params, opt_state, stats, jnp.asarray(step), *batch,
+                                                     {**fixed, **put_inputs(inputs)})
+            count(step_flops, step_xla_flops)
+            done = step + 1
+            if done < steps:      # prefetch: the next batch goes to the device while this step runs
+                batch = put_batch(schedule(done))
+            eval_now = done % config.eval_every == 0 or done == steps
+            save_now = done % config.checkpoint_every == 0 or done == steps
+            if eval_now or save_now or done % config.log_every == 0:
+                meter.read(stats, config)
+                stats = StepStats.zeros()
+                bar.set_postfix(loss=f"{meter.last_loss:.4f}", refresh=False)
+                if eval_now:
+                    evaluate(done)
+                if save_now:
+                    _save(manager, run_dir, done, params, opt_state, checkpoint_bytes)
+                meter.resume()
+        manager.wait_until_finished()
+    finally:               # also when stopped (an error, Ctrl-C): the manager's threads end
+        manager.close()
     return {**params, **fixed}, history

@@ -1,0 +1,202 @@
+"""Does the explicit start last? A budget sweep of the transformer and its compute multiplier.
+
+Starts (:mod:`warm_transformer`'s variants): ``cold``, ``explicit-init``, ``residual`` and
+``residual-crossfit``; budgets of 1, 2 and 4 epochs, each its own run with its own warm-up and
+cosine schedule over all its steps (not one long run cut at checkpoints); width 128 (5 layers)
+at every budget, width 256 at 1 and 2 epochs for cold, explicit init and the residual; a second
+seed at the longest budget of width 128 for cold and explicit init (:data:`GRID`). Each run is
+scored on the whole dev split; its result (final dev bits per byte, last training loss, seconds
+with the solve, FLOPs) lands in ``OUT/runs/<name>/result.json``, so the sweep can be run a few
+runs at a time, one process per core, and resumed (a run resumes from its checkpoint on the
+same machine; a finished run is skipped).
+
+Compute multiplier of an explicit run: the compute a cold start of the same width needs to reach
+its final dev loss, divided by the explicit run's compute *with its solve*. Cold's need is read off
+the cold runs' final dev bits per byte against their compute, interpolated linearly in log
+compute; where cold never gets that low within the sweep, the multiplier is a lower bound (cold's
+largest compute over the explicit run's); where the explicit run is worse than cold's smallest
+budget, an upper bound. A run's compute is its training FLOPs (analytic, forward and backward)
+plus its solve seconds at that run's own training FLOPs per second (what the trainer would have
+done in the time the solve took).
+
+    python experiments/budgets.py --workdir runs/babylm --out runs/budgets --plan
+    taskset -c 0 python experiments/budgets.py --workdir runs/babylm --out runs/budgets --next 1
+    python experiments/budgets.py --workdir runs/babylm --out runs/budgets --runs cold:4:128:0
+    python experiments/budgets.py --out runs/budgets --report      # results/budgets.json, the plot, the table
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import warm_transformer as wt  # noqa: E402
+from results import RESULTS, write_result  # noqa: E402
+
+#: The learning rate of each start: the probe of :mod:`warm_transformer` (25% of the training
+#: data, rates 0.003 / 0.01 / 0.03, one epoch, seed 0) chose 0.01 for cold and explicit init and
+#: 0.003 for the residuals; ``--probe-lrs`` probes again instead.
+RATES = {"cold": 0.01, "explicit-init": 0.01, "residual": 0.003, "residual-crossfit": 0.003}
+STARTS = tuple(RATES)
+EXPLICIT = ("explicit-init", "residual", "residual-crossfit")
+
+
+def grid() -> list[tuple[str, int, int, int]]:
+    """The sweep's runs, ``(start, epochs, width, seed)``, cheapest first."""
+    runs = [(start, epochs, 128, 0) for epochs in (1, 2, 4) for start in STARTS]
+    runs += [(start, epochs, 256, 0) for epochs in (1, 2) for start in ("cold", "explicit-init", "residual")]
+    runs += [("cold", 4, 128, 1), ("explicit-init", 4, 128, 1)]
+    return sorted(runs, key=lambda run: (run[1] * (run[2] / 128) ** 2, STARTS.index(run[0]), run[3]))
+
+
+GRID = grid()
+
+
+def name(start: str, epochs: int, width: int, seed: int, rate: float) -> str:
+    return wt.run_name(start, seed, 1.0, rate, epochs, width)
+
+
+def result(out: Path, start: str, epochs: int, width: int, seed: int, rate: float) -> dict | None:
+    path = out / "runs" / name(start, epochs, width, seed, rate) / "result.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def compute(run: dict) -> float:
+    """FLOPs of a run with its solve: training FLOPs + solve seconds × its training FLOPs/s."""
+    last = run["history"][-1]
+    return last["flops"] * (1.0 + run["solve_seconds"] / last["seconds"])
+
+
+def cold_compute_to_reach(curve: list[tuple[float, float]], target: float) -> tuple[float, str]:
+    """The compute at which a cold curve ``[(compute, bits per byte), …]`` reaches ``target``:
+    linear interpolation of bits per byte in ``log(compute)`` between the first two budgets
+    around it (the curve taken as its running minimum, so it never rises). Returns
+    ``(compute, how)``: ``"interpolated"``, or ``"beyond"`` (never reached: the largest compute,
+    a lower bound) or ``"before"`` (reached before the smallest budget: the smallest compute,
+    an upper bound)."""
+    points = sorted(curve)
+    best = []
+    for flops, bpb in points:
+        best.append((flops, min(bpb, best[-1][1]) if best else bpb))
+    if target >= best[0][1]:
+        return best[0][0], "before"
+    for (c0, y0), (c1, y1) in zip(best, best[1:]):
+        if target >= y1:                    # y0 > target (else the loop had stopped before): y0 > y1
+            share = (y0 - target) / (y0 - y1)
+            return math.exp(math.log(c0) + share * (math.log(c1) - math.log(c0))), "interpolated"
+    return best[-1][0], "beyond"
+
+
+def report(out: Path, write: bool = True) -> dict:
+    """Every finished run of the sweep: a table, the multipliers, ``results/budgets.json`` and
+    ``docs/results/budgets.png``."""
+    runs = [json.loads(path.read_text()) for path in sorted((out / "runs").glob("*/result.json"))]
+    runs = [r for r in runs if r["variant"] in STARTS and r.get("fraction", 1.0) == 1.0]
+    if not runs:
+        raise SystemExit(f"no finished runs under {out / 'runs'}")
+    rows = []
+    for r in runs:
+        last = r["history"][-1]
+        rows.append({"start": r["variant"], "epochs": r.get("epochs", 1), "width": r.get("width", 128),
+                     "seed": r["seed"], "learning_rate": r["learning_rate"], "dev_bpb": r["dev_bpb"],
+                     "dev_loss": r["dev_loss"], "train_loss": last["train_loss"],
+                     "last_dev_window_loss": last["dev_loss"], "train_seconds": last["seconds"],
+                     "solve_seconds": r["solve_seconds"], "flops": last["flops"], "compute": compute(r),
+                     "steps": last["step"], "trained_params": r["trained_params"]})
+    rows.sort(key=lambda row: (row["width"], row["epochs"], STARTS.index(row["start"]), row["seed"]))
+    for row in rows:
+        cold = [(c["compute"], c["dev_bpb"]) for c in rows if c["start"] == "cold" and c["width"] == row["width"]]
+        if row["start"] in EXPLICIT and cold:
+            need, how = cold_compute_to_reach(cold, row["dev_bpb"])
+            row.update(cold_compute_to_match=need, multiplier=need / row["compute"], multiplier_is=how)
+    lines = ["| width | epochs | start | seed | lr | dev bits/byte | train loss (nats) | seconds (solve) | "
+             "compute (FLOPs) | multiplier |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        bound = {"interpolated": "", "beyond": "≥ ", "before": "≤ "}.get(row.get("multiplier_is"), "")
+        multiplier = f"{bound}{row['multiplier']:.2f}×" if "multiplier" in row else "–"
+        lines.append(f"| {row['width']} | {row['epochs']} | {row['start']} | {row['seed']} | {row['learning_rate']:g} | "
+                     f"{row['dev_bpb']:.4f} | {row['train_loss']:.3f} | {row['train_seconds']:,.0f} "
+                     f"({row['solve_seconds']:,.0f}) | {row['compute']:.3e} | {multiplier} |")
+    table = "\n".join(lines)
+    print(table)
+    if write:
+        figure = _plot(rows, RESULTS.parent / "docs" / "results" / "budgets.png")
+        write_result("budgets", {"rows": rows, "table": table, "plot": figure}, seeds=sorted({r["seed"] for r in rows}),
+                     load={"note": "each run's seconds were measured with one run per core, other runs and "
+                                   "development work sharing the machine; FLOPs are analytic"})
+    return {"rows": rows, "table": table}
+
+
+def _plot(rows: list[dict], path: Path) -> str:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    colours = {"cold": "tab:gray", "explicit-init": "tab:blue", "residual": "tab:red", "residual-crossfit": "tab:brown"}
+    figure, axis = plt.subplots(figsize=(7.5, 4.5))
+    for start in STARTS:
+        for width, marker in ((128, "o"), (256, "s")):
+            points = sorted((r["compute"], r["dev_bpb"]) for r in rows
+                            if r["start"] == start and r["width"] == width and r["seed"] == 0)
+            if points:
+                axis.plot(*zip(*points), marker=marker, color=colours[start], label=f"{start}, width {width}")
+    axis.set_xscale("log")
+    axis.set_xlabel("compute: training FLOPs + the solve at the run's FLOPs/s")
+    axis.set_ylabel("whole-dev bits per byte")
+    axis.set_title("babylm-2023-4src: dev loss against compute, 1 / 2 / 4 epochs")
+    axis.grid(alpha=0.3, which="both")
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return str(path.relative_to(RESULTS.parent))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--workdir", type=Path, help="the prepared work directory (babylm-2023-4src, BPE 8,192)")
+    parser.add_argument("--out", type=Path, default=Path("runs/budgets"), help="runs go here")
+    parser.add_argument("--plan", action="store_true", help="list the sweep's runs and which are finished")
+    parser.add_argument("--next", type=int, default=0, help="run the next N unfinished runs of the sweep")
+    parser.add_argument("--runs", nargs="+", default=[], metavar="START:EPOCHS:WIDTH:SEED",
+                        help="run these (e.g. cold:4:128:0)")
+    parser.add_argument("--exact-run", type=Path, help="an existing `saffu exact` run of the whole training split")
+    parser.add_argument("--folds", type=int, default=2, help="folds of residual-crossfit")
+    parser.add_argument("--report", action="store_true", help="gather the finished runs (results/budgets.json)")
+    parser.add_argument("--no-write", action="store_true", help="with --report: print only")
+    args = parser.parse_args(argv)
+    todo = []
+    for spec in args.runs:
+        try:
+            start, epochs, width, seed = spec.split(":")
+            todo.append((start, int(epochs), int(width), int(seed)))
+        except ValueError:
+            parser.error(f"--runs takes START:EPOCHS:WIDTH:SEED, got {spec!r}")
+        if start not in STARTS:
+            parser.error(f"unknown start {start!r}; one of {', '.join(STARTS)}")
+    pending = [run for run in GRID if result(args.out, *run, RATES[run[0]]) is None]
+    if args.plan:
+        for run in GRID:
+            done = result(args.out, *run, RATES[run[0]])
+            state = f"dev {done['dev_bpb']:.4f} bits/byte" if done else "to run"
+            print(f"{run[0]:>17}  {run[1]} epochs  width {run[2]}  seed {run[3]}  lr {RATES[run[0]]:g}: {state}")
+    todo += pending[:args.next]
+    if todo and args.workdir is None:
+        parser.error("--workdir is required to train")
+    for start, epochs, width, seed in todo:
+        argv = ["--workdir", str(args.workdir), "--out", str(args.out), "--variants", start, "--seeds", str(seed),
+                "--epochs", str(epochs), "--width", str(width), "--learning-rate", str(RATES[start]),
+                "--folds", str(args.folds)] + (["--exact-run", str(args.exact_run)] if args.exact_run else [])
+        wt.main(argv)
+    if args.report:
+        report(args.out, write=not args.no_write)
+
+
+if __name__ == "__main__":
+    main()

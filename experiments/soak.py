@@ -1,0 +1,155 @@
+"""Soak: does a long training run (many epochs), and a run stopped and resumed many times in one
+process, keep its resident memory flat and its metrics file consistent?
+
+* ``epochs``: one run of ``--epochs`` epochs of the default corpus (evaluation and checkpoint
+  every ``--every`` steps); the resident set size (current, not peak) after every evaluation.
+* ``resumes``: the same model and steps, stopped right after each of ``--resumes`` checkpoints
+  (as a kill would stop it) and resumed by calling the trainer again in the same process; the
+  resident set size after every resume. Its final parameters must equal the uninterrupted
+  run's bit for bit, and its ``metrics.jsonl`` must hold each evaluation step once, in order,
+  the same records as the uninterrupted run's (timings aside).
+
+Writes ``results/soak.json`` (figures, command, date, seed, machine, load) and prints a summary.
+
+    python experiments/soak.py --epochs 20 --resumes 40
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from results import write_result  # noqa: E402
+
+#: Fields of a metrics record that are timings or memory, not results.
+VOLATILE = ("seconds", "tokens_per_s", "peak_rss_mb", "device_peak_mb")
+
+
+def rss_mb() -> float:
+    """Current resident set size of this process (``/proc/self/statm``), in MB."""
+    pages = int(Path("/proc/self/statm").read_text().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+class Stop(Exception):
+    """Raised right after a checkpoint: the run stops as a kill would stop it there."""
+
+
+def metrics_lines(run: Path) -> list[dict]:
+    import json
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--workdir", type=Path, help="a prepared work directory (default: the embedded corpus, "
+                                                     "prepared into a temporary folder)")
+    parser.add_argument("--epochs", type=int, default=20, help="epochs of the long run")
+    parser.add_argument("--resumes", type=int, default=40, help="stops and resumes of the resumed run")
+    parser.add_argument("--every", type=int, default=100,
+                        help="steps between evaluations and checkpoints of the long run")
+    parser.add_argument("--resume-every", type=int, default=10, help="steps between the resumed run's stops")
+    parser.add_argument("--width", type=int, default=32, help="transformer width")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-write", action="store_true", help="print only; leave results/soak.json alone")
+    args = parser.parse_args(argv)
+
+    import jax
+
+    from saffu import PrepareConfig, babylm_corpus, open_workdir, prepare
+    from saffu.configs import TrainConfig, TransformerConfig
+    from saffu.training import trainer
+    from saffu.training.checkpoints import load_params
+
+    started, load_before = datetime.datetime.now(datetime.timezone.utc), os.getloadavg()[0]
+    scratch = tempfile.TemporaryDirectory(prefix="saffu-soak-")
+    root = Path(scratch.name)
+    workdir = (open_workdir(args.workdir) if args.workdir else
+               prepare(babylm_corpus(Path(__file__).resolve().parents[1] / "data" / "default_corpus"),
+                       root / "work", PrepareConfig(vocab_size=512), show_progress=False))
+    model = TransformerConfig(workdir.vocab_size, width=args.width, layers=2, heads=2, context_tokens=16, max_len=96)
+    stream, dev = workdir.tokens(workdir.train_split), workdir.tokens("dev")
+    base = TrainConfig(batch_size=16, seq_len=64, eval_every=args.every, checkpoint_every=args.every,
+                       eval_windows=16, seed=args.seed)
+    per_epoch = trainer.steps_per_epoch(len(stream) - 1, base)
+    params = model.init(jax.random.key(args.seed))
+
+    # the long run: RSS after each evaluation
+    long_config = TrainConfig(**{**base.__dict__, "steps": args.epochs * per_epoch})
+    rss_long = []
+    tick = time.perf_counter()
+    trainer.train(model, params, stream, long_config, root / "long", dev_stream=dev, progress=False,
+                  on_eval=lambda record: rss_long.append(rss_mb()))
+    long_seconds = time.perf_counter() - tick
+
+    # the same steps, stopped after every ``--resumes``-th share of them and resumed in-process
+    steps = args.resumes * args.resume_every
+    config = TrainConfig(**{**base.__dict__, "steps": steps, "eval_every": args.resume_every,
+                            "checkpoint_every": args.resume_every})
+    straight, _ = trainer.train(model, params, stream, config, root / "straight", dev_stream=dev, progress=False)
+    real_save, target = trainer.save_training_state, {"step": 0}
+
+    def save_then_stop(manager, step, *rest):
+        real_save(manager, step, *rest)
+        if step == target["step"] and step < steps:
+            raise Stop
+    trainer.save_training_state = save_then_stop
+    rss_resumes = []
+    for i in range(1, args.resumes + 1):
+        target["step"] = i * args.resume_every
+        try:
+            trainer.train(model, params, stream, config, root / "resumed", dev_stream=dev, progress=False)
+        except Stop:
+            pass
+        rss_resumes.append(rss_mb())
+    trainer.save_training_state = real_save
+    resumed, _ = load_params(root / "resumed", model)
+    identical = all(np.array_equal(np.asarray(a), np.asarray(b))
+                    for a, b in zip(jax.tree.leaves(straight), jax.tree.leaves(resumed)))
+    strip = lambda lines: [{k: v for k, v in r.items() if k not in VOLATILE} for r in lines]
+    lines = metrics_lines(root / "resumed")
+    eval_steps = [r["step"] for r in lines]
+    consistent = (eval_steps == list(range(0, steps + 1, args.resume_every))
+                  and strip(lines) == strip(metrics_lines(root / "straight")))
+    long_steps = [r["step"] for r in metrics_lines(root / "long")]
+
+    slope = lambda ys: float(np.polyfit(np.arange(len(ys)), ys, 1)[0]) if len(ys) > 1 else 0.0
+    half = lambda ys: ys[len(ys) // 2:]            # after warm-up (compilation, first allocations)
+    figures = {
+        "long_epochs": args.epochs, "long_steps": args.epochs * per_epoch, "long_seconds": long_seconds,
+        "long_evaluations": len(rss_long), "long_rss_first_mb": rss_long[0], "long_rss_last_mb": rss_long[-1],
+        "long_rss_max_mb": max(rss_long), "long_rss_second_half_growth_mb": half(rss_long)[-1] - half(rss_long)[0],
+        "long_rss_second_half_slope_mb_per_eval": slope(half(rss_long)),
+        "long_metrics_consistent": long_steps == sorted(set(long_steps)),
+        "resumes": args.resumes, "resume_steps": steps, "resume_rss_first_mb": rss_resumes[0],
+        "resume_rss_last_mb": rss_resumes[-1], "resume_rss_max_mb": max(rss_resumes),
+        "resume_rss_second_half_growth_mb": half(rss_resumes)[-1] - half(rss_resumes)[0],
+        "resume_rss_second_half_slope_mb_per_resume": slope(half(rss_resumes)),
+        "resumed_equals_uninterrupted": identical, "resumed_metrics_consistent": consistent,
+        "model": f"transformer width {args.width}, 2 layers, vocabulary {workdir.vocab_size}",
+        "corpus": workdir.meta["corpus"], "train_tokens": int(len(stream)),
+    }
+    for key, value in figures.items():
+        print(f"  {key:<44} {value:.2f}" if isinstance(value, float) else f"  {key:<44} {value}")
+    if not args.no_write:
+        path = write_result("soak", {**figures, "rss_long_mb": rss_long, "rss_resumes_mb": rss_resumes},
+                            seeds=[args.seed], load={"load_average_1min_before": load_before,
+                                                     "load_average_1min_after": os.getloadavg()[0]},
+                            started=started)
+        print(f"written to {path}")
+    scratch.cleanup()
+    return 0 if identical and consistent and figures["long_metrics_consistent"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+"""The budget sweep's compute multiplier (experiments/budgets.py) against hand-made curves."""
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+
+from budgets import GRID, cold_compute_to_reach, compute  # noqa: E402
+
+
+def test_cold_compute_is_interpolated_in_log_compute():
+    curve = [(1e12, 2.0), (4e12, 1.8), (16e12, 1.7)]
+    # halfway in bits per byte between the 1e12 and 4e12 budgets: the geometric mean of their compute
+    assert cold_compute_to_reach(curve, 1.9) == (pytest.approx(2e12), "interpolated")
+    assert cold_compute_to_reach(curve, 1.8) == (pytest.approx(4e12), "interpolated")
+    need, how = cold_compute_to_reach(curve, 1.725)           # three quarters of the way from 4e12 to 16e12
+    assert how == "interpolated" and need == pytest.approx(math.exp(math.log(4e12) + 0.75 * math.log(4)))
+    assert cold_compute_to_reach(list(reversed(curve)), 1.9)[0] == pytest.approx(2e12)    # any order
+    assert cold_compute_to_reach(curve, 1.6) == (16e12, "beyond")      # never reached: a lower bound
+    assert cold_compute_to_reach(curve, 2.1) == (1e12, "before")       # reached before the first budget
+
+
+def test_a_cold_curve_that_rises_is_read_as_its_running_minimum():
+    curve = [(1e12, 2.0), (2e12, 1.8), (4e12, 1.85), (8e12, 1.6)]
+    # 1.7 is first reached between 4e12 (best so far 1.8) and 8e12 (1.6): halfway
+    assert cold_compute_to_reach(curve, 1.7) == (pytest.approx(math.sqrt(4e12 * 8e12)), "interpolated")
+
+
+def test_a_runs_compute_counts_its_solve_at_its_own_flops_per_second():
+    run = {"solve_seconds": 50.0, "history": [{"flops": 1e15, "seconds": 1000.0}]}
+    assert compute(run) == pytest.approx(1.05e15)
+
+
+def test_the_grid_is_the_issues_sweep():
+    assert len(GRID) == 12 + 6 + 2
+    assert {(s, e) for s, e, w, seed in GRID if w == 256} == {(s, e) for s in ("cold", "explicit-init", "residual")
+                                                               for e in (1, 2)}
+    assert {(s, seed) for s, e, w, seed in GRID if seed == 1} == {("cold", 1), ("explicit-init", 1)}
