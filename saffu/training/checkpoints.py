@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import io
 import json
 import logging
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +33,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from saffu._io import (SaffuError, atomic_write_json, check_free, disk_full_error, exclusive, is_disk_full,
-                       tree_fingerprint)
+                       megabytes, tree_fingerprint)
 from saffu.configs import ExactConfig, FactorisedConfig, ResidualConfig, SaffuConfig, TransformerConfig
 from saffu.data.workdir import WorkDir
 
@@ -185,9 +187,36 @@ def pack_run(run_dir: str | Path) -> dict:
     return {"exact_run": str(source), "bytes": size}
 
 
+def remove_failed_save(run_dir: str | Path, settle: float = 1.0, patience: float = 30.0) -> None:
+    """Remove the temporary folders of a save that just failed. orbax's writer threads may
+    still add files after the error reaches the caller, and each then finds orbax's event loop
+    closed and prints a traceback: the folders are removed, and those tracebacks swallowed,
+    until for ``settle`` seconds no folder reappears and nothing is printed (at most
+    ``patience`` seconds)."""
+    deadline, quiet_since, printed = time.monotonic() + patience, None, 0
+    with contextlib.redirect_stderr(io.StringIO()) as swallowed:
+        while time.monotonic() < deadline:
+            active = bool(remove_stale_temporaries(run_dir)) or len(swallowed.getvalue()) != printed
+            printed = len(swallowed.getvalue())
+            if active:
+                quiet_since = None
+            elif quiet_since is None:
+                quiet_since = time.monotonic()
+            elif time.monotonic() - quiet_since >= settle:
+                return
+            time.sleep(0.05)
+
+
 def tree_bytes(tree) -> int:
     """Bytes of a tree of arrays (or shape structs)."""
     return sum(int(np.prod(np.shape(x))) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
+
+
+def _compressible(config) -> bool:
+    """Whether a solution's tables shrink on disk far below their bytes in memory (the exact
+    model's sparse tables: about 18× at V = 8,192), so that free space cannot be judged
+    before the write."""
+    return config.kind == "exact" or bool(getattr(config, "exact_positions", ()))
 
 
 def save_explicit_run(run_dir: str | Path, config, workdir: WorkDir, params: Params, retry=None) -> str:
@@ -195,8 +224,9 @@ def save_explicit_run(run_dir: str | Path, config, workdir: WorkDir, params: Par
     written last, with the solution's content fingerprint, after ``explicit/`` is committed — so
     a save killed at any point leaves either the old run or no run, never a config beside
     tables it does not describe. The run's write lock is held meanwhile and stale temporary
-    folders of a killed save are removed. The bytes are compared with the free space before
-    writing; a full disk (early or during the write) removes the partial folder and calls
+    folders of a killed save are removed. Dense solutions' bytes are compared with the free
+    space before writing (the exact model's tables compress too well to judge); a full disk
+    (early or during the write) removes the partial folder and calls
     ``retry(error, run_dir)`` if given — it returns a directory to try again (the same one
     after freeing space, or another) or ``None`` to give up — else raises one
     :class:`SaffuError`. Returns the directory the solution was saved to."""
@@ -207,13 +237,14 @@ def save_explicit_run(run_dir: str | Path, config, workdir: WorkDir, params: Par
             with exclusive(run_dir):
                 remove_stale_temporaries(run_dir)
                 (run_dir / "config.json").unlink(missing_ok=True)
-                check_free(run_dir, tree_bytes(params) + (1 << 20), f"the explicit solution ({config.kind})",
-                           "free space and rerun, or give another --run")
+                if not _compressible(config):       # dense floats: about their own size on disk
+                    check_free(run_dir, tree_bytes(params) + (1 << 20), f"the explicit solution ({config.kind})",
+                               "free space and rerun, or give another --run")
                 save_explicit(run_dir, params)
                 save_run_config(run_dir, config, workdir, explicit_sha256=fingerprint)
             return str(run_dir)
         except SaffuError as err:
-            remove_stale_temporaries(run_dir)
+            remove_failed_save(run_dir, settle=0.0)
             if retry is None:
                 raise
             run_dir = retry(err, run_dir)
@@ -232,8 +263,9 @@ def save_explicit(run_dir: str | Path, params: Params) -> None:
     except Exception as err:  # orbax wraps the OSError of a full disk in errors of its own
         if not is_disk_full(err):
             raise
-        remove_stale_temporaries(run_dir)
-        raise disk_full_error(path, err, tree_bytes(params), "free space and rerun, or give another --run") from None
+        remove_failed_save(run_dir)
+        raise disk_full_error(path, err, then=f"the solution holds {megabytes(tree_bytes(params))} in memory (less "
+                                              f"on disk, compressed); free space and rerun, or give another --run") from None
 
 
 def load_explicit(run_dir: str | Path, config, expect: str = "") -> Params:

@@ -35,8 +35,8 @@ from saffu.data.windows import shuffled_window_starts, stack_windows
 from saffu.engine import accounting
 from saffu.engine.distributed import local_mesh
 from saffu.models.interface import Params, window_loss
-from saffu.training.checkpoints import (checkpoint_manager, remove_stale_temporaries, restore_training_state,
-                                        save_training_state, tree_bytes)
+from saffu.training.checkpoints import (checkpoint_manager, remove_failed_save, remove_stale_temporaries,
+                                        restore_training_state, save_training_state, tree_bytes)
 
 
 INITS = ("explicit", "random")
@@ -309,7 +309,7 @@ def _save(manager, run_dir: Path, step: int, params: Params, opt_state, checkpoi
     except Exception as err:   # orbax wraps the OSError of a full disk in errors of its own
         if not is_disk_full(err):
             raise
-        remove_stale_temporaries(run_dir)
+        remove_failed_save(run_dir)
         raise disk_full_error(run_dir / "checkpoints" / str(step), err, checkpoint_bytes,
                               _resume_hint(manager)) from None
 
