@@ -95,13 +95,13 @@ def check_inputs(run_dir: str | Path, workdir: WorkDir, streams: bool = False):
     if config.vocab_size != workdir.vocab_size:
         raise SaffuError(f"run {run_dir} has a model of {config.vocab_size:,} tokens but {workdir.path} a tokenizer "
                          f"of {workdir.vocab_size:,}; use the work directory the run was made from")
-    recorded = run_record(run_dir).get("workdir_fingerprint")
+    record = run_record(run_dir)
+    recorded = record.get("workdir_fingerprint")
     for part in ("tokenizer",) + (("streams",) if streams else ()):
         if recorded and recorded.get(part) != workdir.fingerprint[part]:
-            made_from = run_record(run_dir).get("workdir", "?")
             raise SaffuError(f"run {run_dir} was made with a work directory whose {part} has fingerprint "
                              f"{recorded.get(part)}, but {workdir.path} has {workdir.fingerprint[part]}; use the "
-                             f"work directory the run was made from ({made_from})")
+                             f"work directory the run was made from ({record.get('workdir', '?')})")
     return config
 
 
