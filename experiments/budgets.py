@@ -28,6 +28,7 @@ done in the time the solve took).
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import math
 import sys
@@ -95,7 +96,11 @@ def cold_compute_to_reach(curve: list[tuple[float, float]], target: float) -> tu
 def report(out: Path, write: bool = True) -> dict:
     """Every finished run of the sweep: a table, the multipliers, ``results/budgets.json`` and
     ``docs/results/budgets.png``."""
-    runs = [json.loads(path.read_text()) for path in sorted((out / "runs").glob("*/result.json"))]
+    runs = []
+    for path in sorted((out / "runs").glob("*/result.json")):
+        r = json.loads(path.read_text())
+        finished = datetime.datetime.fromtimestamp(path.stat().st_mtime, datetime.timezone.utc)
+        runs.append({**r, "finished": finished.isoformat(timespec="seconds")})
     runs = [r for r in runs if r["variant"] in STARTS and r.get("fraction", 1.0) == 1.0]
     if not runs:
         raise SystemExit(f"no finished runs under {out / 'runs'}")
@@ -107,28 +112,32 @@ def report(out: Path, write: bool = True) -> dict:
                      "dev_loss": r["dev_loss"], "train_loss": last["train_loss"],
                      "last_dev_window_loss": last["dev_loss"], "train_seconds": last["seconds"],
                      "solve_seconds": r["solve_seconds"], "flops": last["flops"], "compute": compute(r),
-                     "steps": last["step"], "trained_params": r["trained_params"]})
+                     "steps": last["step"], "trained_params": r["trained_params"], "finished": r["finished"],
+                     "reproduce": f"python experiments/budgets.py --workdir runs/babylm --out {out} --runs "
+                                  f"{r['variant']}:{r.get('epochs', 1)}:{r.get('width', 128)}:{r['seed']}"})
     rows.sort(key=lambda row: (row["width"], row["epochs"], STARTS.index(row["start"]), row["seed"]))
     for row in rows:
         cold = [(c["compute"], c["dev_bpb"]) for c in rows if c["start"] == "cold" and c["width"] == row["width"]]
         if row["start"] in EXPLICIT and cold:
             need, how = cold_compute_to_reach(cold, row["dev_bpb"])
             row.update(cold_compute_to_match=need, multiplier=need / row["compute"], multiplier_is=how)
-    lines = ["| width | epochs | start | seed | lr | dev bits/byte | train loss (nats) | seconds (solve) | "
-             "compute (FLOPs) | multiplier |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| width | epochs | start | seed | lr | dev bits/byte | train loss (nats) | dev windows (nats) | "
+             "seconds (solve) | compute (FLOPs) | multiplier |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         bound = {"interpolated": "", "beyond": "≥ ", "before": "≤ "}.get(row.get("multiplier_is"), "")
         multiplier = f"{bound}{row['multiplier']:.2f}×" if "multiplier" in row else "–"
         lines.append(f"| {row['width']} | {row['epochs']} | {row['start']} | {row['seed']} | {row['learning_rate']:g} | "
-                     f"{row['dev_bpb']:.4f} | {row['train_loss']:.3f} | {row['train_seconds']:,.0f} "
+                     f"{row['dev_bpb']:.4f} | {row['train_loss']:.3f} | {row['last_dev_window_loss']:.3f} | "
+                     f"{row['train_seconds']:,.0f} "
                      f"({row['solve_seconds']:,.0f}) | {row['compute']:.3e} | {multiplier} |")
     table = "\n".join(lines)
     print(table)
     if write:
         figure = _plot(rows, RESULTS.parent / "docs" / "results" / "budgets.png")
         write_result("budgets", {"rows": rows, "table": table, "plot": figure}, seeds=sorted({r["seed"] for r in rows}),
-                     load={"note": "each run's seconds were measured with one run per core, other runs and "
-                                   "development work sharing the machine; FLOPs are analytic"})
+                     load={"note": "each run's seconds were measured with one run per core and other runs or "
+                                   "development work sharing the machine at times; FLOPs are analytic; each row "
+                                   "carries the command that reproduces it and when it finished"})
     return {"rows": rows, "table": table}
 
 

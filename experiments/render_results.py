@@ -64,7 +64,10 @@ warm-up and cosine schedule; whole-dev bits per byte. Compute = training FLOPs +
 seconds at the run's own FLOPs per second. Multiplier = the compute a cold start of the same
 width needs to reach the run's dev loss (interpolated in log compute over the cold runs) over
 the run's compute; `≥`: cold never got there within the sweep (cold's largest compute over the
-run's), `≤`: the run is worse than cold's smallest budget.
+run's), `≤`: the run is worse than cold's smallest budget. Train loss: the mean over the steps
+since the run's last periodic evaluation (a cross-fitted residual's on its folds' tables); dev
+windows: that evaluation's loss on 128 evenly spaced dev windows — the train–dev gap is their
+difference.
 
 {f['table']}
 
