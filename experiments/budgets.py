@@ -8,7 +8,8 @@ seed at the longest budget of width 128 for cold and explicit init (:data:`GRID`
 scored on the whole dev split; its result (final dev bits per byte, last training loss, seconds
 with the solve, FLOPs) lands in ``OUT/runs/<name>/result.json``, so the sweep can be run a few
 runs at a time, one process per core, and resumed (a run resumes from its checkpoint on the
-same machine; a finished run is skipped).
+same machine; a finished run is skipped, also one that ``results/budgets.json`` already holds
+from an earlier session, whose run folder stayed on its machine).
 
 Compute multiplier of an explicit run: the compute a cold start of the same width needs to reach
 its final dev loss, divided by the explicit run's compute *with its solve*. Cold's need is read off
@@ -93,17 +94,43 @@ def cold_compute_to_reach(curve: list[tuple[float, float]], target: float) -> tu
     return best[-1][0], "beyond"
 
 
+DERIVED = ("cold_compute_to_match", "multiplier", "multiplier_is")
+
+
+def key(row: dict) -> tuple:
+    return row["start"], row["epochs"], row["width"], row["seed"], row["learning_rate"]
+
+
+def recorded_rows() -> list[dict]:
+    """The rows ``results/budgets.json`` already holds (runs of earlier sessions, whose run
+    folders stayed on their machine), without what :func:`report` derives from all rows."""
+    path = RESULTS / "budgets.json"
+    if not path.exists():
+        return []
+    return [{k: v for k, v in row.items() if k not in DERIVED}
+            for row in json.loads(path.read_text())["figures"]["rows"]]
+
+
+def cold_curve(rows: list[dict], width: int) -> list[tuple[float, float]]:
+    """Cold's ``(compute, whole-dev bits per byte)`` per budget at ``width``, seeds averaged."""
+    budgets = sorted({r["epochs"] for r in rows if r["start"] == "cold" and r["width"] == width})
+    curve = []
+    for epochs in budgets:
+        group = [r for r in rows if r["start"] == "cold" and r["width"] == width and r["epochs"] == epochs]
+        curve.append((sum(r["compute"] for r in group) / len(group), sum(r["dev_bpb"] for r in group) / len(group)))
+    return curve
+
+
 def report(out: Path, write: bool = True) -> dict:
-    """Every finished run of the sweep: a table, the multipliers, ``results/budgets.json`` and
-    ``docs/results/budgets.png``."""
+    """Every finished run of the sweep — this machine's under ``out/runs`` and the rows of
+    ``results/budgets.json`` from earlier sessions — as a table with the multipliers,
+    ``results/budgets.json`` and ``docs/results/budgets.png``."""
     runs = []
     for path in sorted((out / "runs").glob("*/result.json")):
         r = json.loads(path.read_text())
         finished = datetime.datetime.fromtimestamp(path.stat().st_mtime, datetime.timezone.utc)
         runs.append({**r, "finished": finished.isoformat(timespec="seconds")})
     runs = [r for r in runs if r["variant"] in STARTS and r.get("fraction", 1.0) == 1.0]
-    if not runs:
-        raise SystemExit(f"no finished runs under {out / 'runs'}")
     rows = []
     for r in runs:
         last = r["history"][-1]
@@ -115,9 +142,13 @@ def report(out: Path, write: bool = True) -> dict:
                      "steps": last["step"], "trained_params": r["trained_params"], "finished": r["finished"],
                      "reproduce": f"python experiments/budgets.py --workdir runs/babylm --out {out} --runs "
                                   f"{r['variant']}:{r.get('epochs', 1)}:{r.get('width', 128)}:{r['seed']}"})
+    here = {key(row) for row in rows}
+    rows += [row for row in recorded_rows() if key(row) not in here]
+    if not rows:
+        raise SystemExit(f"no finished runs under {out / 'runs'} or in {RESULTS / 'budgets.json'}")
     rows.sort(key=lambda row: (row["width"], row["epochs"], STARTS.index(row["start"]), row["seed"]))
     for row in rows:
-        cold = [(c["compute"], c["dev_bpb"]) for c in rows if c["start"] == "cold" and c["width"] == row["width"]]
+        cold = cold_curve(rows, row["width"])
         if row["start"] in EXPLICIT and cold:
             need, how = cold_compute_to_reach(cold, row["dev_bpb"])
             row.update(cold_compute_to_match=need, multiplier=need / row["compute"], multiplier_is=how)
@@ -189,10 +220,12 @@ def main(argv=None):
             parser.error(f"--runs takes START:EPOCHS:WIDTH:SEED, got {spec!r}")
         if start not in STARTS:
             parser.error(f"unknown start {start!r}; one of {', '.join(STARTS)}")
-    pending = [run for run in GRID if result(args.out, *run, RATES[run[0]]) is None]
+    recorded = {key(row): row for row in recorded_rows()}
+    finished = lambda run: result(args.out, *run, RATES[run[0]]) or recorded.get((*run, RATES[run[0]]))
+    pending = [run for run in GRID if finished(run) is None]
     if args.plan:
         for run in GRID:
-            done = result(args.out, *run, RATES[run[0]])
+            done = finished(run)
             state = f"dev {done['dev_bpb']:.4f} bits/byte" if done else "to run"
             print(f"{run[0]:>17}  {run[1]} epochs  width {run[2]}  seed {run[3]}  lr {RATES[run[0]]:g}: {state}")
     todo += pending[:args.next]

@@ -39,3 +39,13 @@ def test_the_grid_is_the_issues_sweep():
     assert {(s, e) for s, e, w, seed in GRID if w == 256} == {(s, e) for s in ("cold", "explicit-init", "residual")
                                                                for e in (1, 2)}
     assert {(s, seed) for s, e, w, seed in GRID if seed == 1} == {("cold", 1), ("explicit-init", 1)}
+
+
+def test_cold_seeds_of_one_budget_are_averaged():
+    from budgets import cold_curve
+    rows = [{"start": "cold", "width": 128, "epochs": 4, "compute": 4.0, "dev_bpb": 1.8},
+            {"start": "cold", "width": 128, "epochs": 4, "compute": 6.0, "dev_bpb": 1.7},
+            {"start": "cold", "width": 128, "epochs": 1, "compute": 1.0, "dev_bpb": 2.0},
+            {"start": "cold", "width": 256, "epochs": 1, "compute": 9.0, "dev_bpb": 1.5},
+            {"start": "explicit-init", "width": 128, "epochs": 1, "compute": 1.1, "dev_bpb": 1.9}]
+    assert cold_curve(rows, 128) == [(1.0, 2.0), (5.0, pytest.approx(1.75))]
