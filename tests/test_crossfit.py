@@ -88,6 +88,7 @@ def test_each_folds_exact_model_never_counted_its_own_fold(planted_workdir, tmp_
     assert solve_folds(planted_workdir, config, 2, tmp_path / "folds", blocks=8)[1:] == (fingerprints, 0.0)
 
 
+@pytest.mark.slow   # an exact solve, two fold solves and six steps' logits compared: about 15 s
 def test_step_zero_is_each_folds_exact_model_on_that_folds_windows(tiny_workdir, tmp_path):
     from saffu.solve.exact import solve_exact
     config = small_exact(tiny_workdir)

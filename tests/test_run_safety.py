@@ -123,6 +123,7 @@ def test_a_residual_run_refuses_its_exact_run_solved_again_unless_packed(tiny_wo
     assert "solved again" in one_line(capsys)
 
 
+@pytest.mark.slow   # an exact solve, a residual training and two scores through the CLI: about 15 s
 def test_pack_makes_a_plain_residual_run_movable(tiny_workdir, tmp_path, capsys):
     exact, metrics = tmp_path / "exact", tmp_path / "m.json"
     assert main(exact_command(tiny_workdir, exact)) == 0
