@@ -41,6 +41,18 @@ def exact_command(workdir, run, groups="0 1 0,1"):
             "--holdout-tokens", "200", "--eval-tokens", "100", "--quiet"]
 
 
+def residual_runs(workdir, tmp_path, *runs) -> tuple[Path, Path, float]:
+    """An exact run ``tmp_path/exact`` and a 2-step residual run over it per ``(run, extra
+    flags)``; returns the exact run, the metrics file and the last run's dev bits per byte."""
+    exact, metrics = tmp_path / "exact", tmp_path / "m.json"
+    assert main(exact_command(workdir, exact)) == 0
+    for run, extra in runs:
+        assert main(["train", "--workdir", str(workdir.path), "--run", str(run), "--init", "random", "--residual",
+                     str(exact), *extra, *SMALL_TRANSFORMER, "--steps", "2", "--eval-tokens", "100",
+                     "--metrics-json", str(metrics)]) == 0
+    return exact, metrics, json.loads(metrics.read_text())["dev_bpb"]
+
+
 @pytest.fixture(scope="module")
 def other_tokenizer_workdir(tmp_path_factory):
     """The tiny corpus in capitals: a tokenizer of the same size as the tiny one's, but another."""
@@ -93,14 +105,9 @@ def test_other_streams_with_the_same_tokenizer_score_but_do_not_resume(tiny_work
 
 @pytest.mark.slow   # two exact solves, two residual trainings and their scores through the CLI: about 20 s
 def test_a_residual_run_refuses_its_exact_run_solved_again_unless_packed(tiny_workdir, tmp_path, capsys):
-    exact, metrics = tmp_path / "exact", tmp_path / "m.json"
-    assert main(exact_command(tiny_workdir, exact)) == 0
     work = ["--workdir", str(tiny_workdir.path)]
     plain, packed = tmp_path / "plain", tmp_path / "packed"
-    for run, bundle in ((plain, []), (packed, ["--bundle"])):
-        assert main(["train", *work, "--run", str(run), "--init", "random", "--residual", str(exact), *bundle,
-                     *SMALL_TRANSFORMER, "--steps", "2", "--eval-tokens", "100", "--metrics-json", str(metrics)]) == 0
-    before = json.loads(metrics.read_text())["dev_bpb"]
+    exact, metrics, before = residual_runs(tiny_workdir, tmp_path, (plain, []), (packed, ["--bundle"]))
     # the plain run points at the exact run relative to itself; the packed one holds a copy
     assert json.loads((plain / "config.json").read_text())["model"]["explicit_run"] == "../exact"
     assert json.loads((packed / "config.json").read_text())["model"]["explicit_run"] == "exact"
@@ -125,13 +132,9 @@ def test_a_residual_run_refuses_its_exact_run_solved_again_unless_packed(tiny_wo
 
 @pytest.mark.slow   # an exact solve, a residual training and two scores through the CLI: about 15 s
 def test_pack_makes_a_plain_residual_run_movable(tiny_workdir, tmp_path, capsys):
-    exact, metrics = tmp_path / "exact", tmp_path / "m.json"
-    assert main(exact_command(tiny_workdir, exact)) == 0
     work = ["--workdir", str(tiny_workdir.path)]
     run = tmp_path / "run"
-    assert main(["train", *work, "--run", str(run), "--init", "random", "--residual", str(exact), *SMALL_TRANSFORMER,
-                 "--steps", "2", "--eval-tokens", "100", "--metrics-json", str(metrics)]) == 0
-    before = json.loads(metrics.read_text())["dev_bpb"]
+    exact, metrics, before = residual_runs(tiny_workdir, tmp_path, (run, []))
     assert main(["pack", "--run", str(run), "--quiet"]) == 0
     shutil.rmtree(exact)
     assert main(["eval", *work, "--run", str(run), "--quiet", "--eval-tokens", "100",

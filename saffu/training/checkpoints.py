@@ -243,9 +243,8 @@ def save_explicit_run(run_dir: str | Path, config, workdir: WorkDir, params: Par
                 save_explicit(run_dir, params)
                 save_run_config(run_dir, config, workdir, explicit_sha256=fingerprint)
             return str(run_dir)
-        except SaffuError as err:
-            remove_failed_save(run_dir, settle=0.0)
-            if retry is None:
+        except SaffuError as err:     # a failed write cleaned up after itself (save_explicit); a refused
+            if retry is None:         # lock must not touch the other writer's temporary folders
                 raise
             run_dir = retry(err, run_dir)
             if run_dir is None:
