@@ -75,7 +75,36 @@ difference.
 """
 
 
-RENDERERS = {"soak": soak, "budgets": budgets}
+def any_model(record: dict) -> str:
+    f = record["figures"]
+    return f"""# Explicit init of models nobody here wrote
+
+Generated from [`results/any_model.json`](../../results/any_model.json) by `experiments/render_results.py`.
+
+{provenance(record)}
+
+penzai's Llama-like transformer (`llama`: RMSNorm, RoPE, SwiGLU, untied) and GPT-NeoX (`neox`:
+LayerNorm, parallel attention and MLP, partial RoPE, untied), width 128, 5 blocks, 4 heads, on
+babylm-2023-4src (BPE 8,192), built by penzai and initialised through `saffu.interop.explicit_init`
+only; neither has an output bias. Both inits train with the project's trainer (same windows and
+data order, AdamW at lr 0.01 on warm-up + cosine); explicit init sets the embeddings (at RMS 1.0)
+and the output kernel (at its random RMS) from the explicit pieces of rank 128. One epoch,
+scored on the whole dev split; steps to random's final loss are read on the periodic dev windows.
+
+{f['table']}
+
+## 30 steps: the variants
+
+`random-rms`: random init with the embeddings scaled to RMS 1.0 (the scale ablation);
+`explicit-rms0`: explicit pieces at the random embeddings' own RMS; `explicit-fold10`: the
+unigram folded into the embeddings and the output kernel (`fold=True`); `explicit`: the
+default above. Dev loss at the end on whole dev documents (the dev tokens column).
+
+{f['short_table']}
+"""
+
+
+RENDERERS = {"soak": soak, "budgets": budgets, "any_model": any_model}
 
 
 def pages() -> dict[Path, str]:

@@ -16,6 +16,8 @@ The package is laid out as the pipeline runs, imports flowing one way (top to bo
 * ``training`` — the one trainer (warm or cold start) and run directories / checkpoints;
 * ``eval`` — metrics, scoring and generation, BLiMP, the n-gram baseline on work directories,
   attention diagnostics;
+* ``interop`` — explicit init of any JAX model's parameters, the explicit solution and the
+  residual from the user's own token ids, the framework-free init file, Hugging Face export;
 * ``cli`` — parses flags and calls the stages above.
 
 The names below are imported on first use, so ``import saffu`` (and ``saffu --help``) does
@@ -66,6 +68,11 @@ _EXPORTS = {
     "saffu.eval.scoring": ["evaluate_split", "generate"],
     "saffu.eval.attention": ["attention_profile", "effective_rank", "inspect_attention", "layers_before_lazy",
                              "mean_attention", "offset_profile"],
+    "saffu.interop.init": ["ExplicitPieces", "explicit_init", "tied_matrix"],
+    "saffu.interop.tokens": ["TokenSource", "solve_exact_tables", "solve_pieces", "workdir_from_tokens"],
+    "saffu.interop.residual": ["ExplicitResidual"],
+    "saffu.interop.weights_file": ["read_init_file", "write_init_file"],
+    "saffu.interop.hf": ["export_gpt2", "gpt2_logits"],
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 

@@ -274,7 +274,7 @@ def _model_config(args, vocab_size: int):
                                          heads=args.attention_heads, mlp_ratio=args.mlp_ratio,
                                          context_tokens=args.context, max_len=args.max_len, ffn=args.ffn,
                                          ffn_share=args.ffn_share, ffn_blocks=args.ffn_blocks,
-                                         guide_share=args.self_guided)
+                                         guide_share=args.self_guided, output_bias=not getattr(args, "no_output_bias", False))
     if getattr(args, "model", "saffu") == "factorised":
         return _factorised_config(args, vocab_size)
     return configs.SaffuConfig(vocab_size=vocab_size, bits=args.bits, radius=args.radius, heads=args.heads,
@@ -644,6 +644,33 @@ def cmd_pack(args) -> dict:
     return metrics
 
 
+def cmd_init_weights(args) -> dict:
+    """The explicit pieces of rank ``--rank`` as a framework-free safetensors init file."""
+    from saffu.data.workdir import open_workdir
+    from saffu.interop.tokens import solve_pieces
+    from saffu.interop.weights_file import write_init_file
+    workdir = open_workdir(args.workdir)
+    pieces = solve_pieces(workdir, args.rank, configs.FactorConfig(holdout_tokens=args.holdout_tokens),
+                          progress=not args.quiet)
+    manifest = write_init_file(pieces, args.out)
+    metrics = {"out": str(args.out), "vocab_size": manifest["vocab_size"], "rank": manifest["rank"],
+               "seconds": manifest["seconds"], "holdout_loss": manifest["holdout_loss"]}
+    _print_metrics(f"wrote {args.out} and {args.out.with_suffix('.json')}", metrics)
+    return metrics
+
+
+def cmd_export(args) -> dict:
+    """A trained transformer run as a Hugging Face GPT-2 checkpoint."""
+    from saffu.interop.hf import export_gpt2, exportable
+    from saffu.training.checkpoints import load_run_config
+    exportable(load_run_config(args.run))
+    _, config, params, which = _load_run(args)
+    metrics = {**export_gpt2(params, config, Path(args.workdir) / "tokenizer.json", args.out), "weights": which}
+    metrics["files"] = ",".join(metrics["files"])
+    _print_metrics(f"exported {args.run} ({which} weights) to {args.out}", metrics)
+    return metrics
+
+
 def cmd_eval(args) -> dict:
     """Loss, perplexity and bits per byte of a run's latest (or explicit) weights."""
     workdir, config, params, which = _load_run(args)
@@ -996,6 +1023,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--context", type=int, default=tf.context_tokens,
                    help="left-context tokens before each window's targets")
     t.add_argument("--max-len", type=int, default=tf.max_len, help="longest window (learned positions)")
+    t.add_argument("--no-output-bias", action="store_true",
+                   help="an output layer without a bias: the layout `saffu export` writes as a GPT-2 checkpoint")
     t.add_argument("--ffn", choices=STRUCTURE_CHOICES, default=tf.ffn,
                    help="the MLP's two layers: dense, or structured (U(Vx), U(Bx) with block-diagonal B, or "
                         "block-diagonal / shuffle / block-diagonal), set from the SVD of a random dense layer")
@@ -1046,6 +1075,24 @@ def build_parser() -> argparse.ArgumentParser:
                 "fingerprint checked first) and point the run at the copy, so the run survives moving it "
                 "and re-solving or deleting the exact run.", cmd_pack)
     p.add_argument("--run", type=Path, required=True, help="a residual run directory (of `saffu train --residual`)")
+    _add_common(p)
+
+    p = command("init-weights", "the explicit pieces as a framework-free safetensors init file",
+                "Solve the explicit pieces of rank --rank from the work directory's training split and write "
+                "them (log-unigram bias, embeddings, output kernel, their RMS, the unigram counts) to a "
+                "safetensors file with a JSON manifest beside it, for any framework to load.", cmd_init_weights)
+    p.add_argument("--workdir", type=Path, required=True, help="prepared work directory")
+    p.add_argument("--rank", type=int, required=True, help="width d of the model the pieces initialise")
+    p.add_argument("--out", type=Path, required=True, help="the init file (NAME.safetensors; NAME.json beside it)")
+    p.add_argument("--holdout-tokens", type=int, default=configs.FactorConfig.holdout_tokens,
+                   help="training tokens held out to calibrate the factors")
+    _add_common(p)
+
+    p = command("export", "a trained transformer run as a Hugging Face GPT-2 checkpoint",
+                "Write a transformer run (trained with --no-output-bias) as config.json, model.safetensors and "
+                "the tokenizer files of a GPT-2 checkpoint that transformers loads.", cmd_export)
+    _add_run_flags(p)
+    p.add_argument("--out", type=Path, required=True, help="checkpoint folder to write")
     _add_common(p)
 
     p = command("blimp", "BLiMP minimal-pair accuracy of a run",
@@ -1132,7 +1179,8 @@ def _one_line_warnings(show):
 OUTPUTS = {"prepare": ("--workdir", "workdir", True), "stats": ("--workdir", "workdir", True),
            "fit": ("--run", "run", True), "exact": ("--run", "run", True), "factorise": ("--run", "run", True),
            "train": ("--run", "run", True), "pack": ("--run", "run", True), "demo": ("--workdir", "workdir", True),
-           "ngram": ("--arpa", "arpa", False)}
+           "ngram": ("--arpa", "arpa", False), "init-weights": ("--out", "out", False),
+           "export": ("--out", "out", True)}
 
 
 def _lock(args) -> contextlib.AbstractContextManager:

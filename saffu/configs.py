@@ -694,6 +694,8 @@ class TransformerConfig(SelfGuided):
       ffn_blocks: blocks of ``blockdense`` / ``blockshuffle``.
       guide_share: self-guided training: the share of the training steps over which a dense
         guide's weight ``α`` falls from 1 to 0 on a cosine (``0``: no guide); see :meth:`step_inputs`.
+      output_bias: the output layer has a bias (``False``: logits ``= h B`` alone, the layout
+        ``saffu export`` writes as a Hugging Face GPT-2 checkpoint).
     """
 
     vocab_size: int
@@ -707,6 +709,7 @@ class TransformerConfig(SelfGuided):
     ffn_share: float = 0.32
     ffn_blocks: int = 4
     guide_share: float = 0.0
+    output_bias: bool = True
     kind: str = "transformer"
 
     def __post_init__(self):

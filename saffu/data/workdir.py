@@ -75,8 +75,9 @@ class WorkDir:
         for split in sorted(self.meta["splits"]):
             digest.update(f"{split}|{self.meta['dtype']}|".encode())
             digest.update(np.ascontiguousarray(self.tokens(split)).tobytes())
-        return {"tokenizer": file_fingerprint(self.path / "tokenizer.json"),
-                "streams": digest.hexdigest()[:FINGERPRINT_DIGITS]}
+        tokenizer = self.path / "tokenizer.json"
+        return {"tokenizer": file_fingerprint(tokenizer) if tokenizer.exists() or "id_map" not in self.meta
+                else "none", "streams": digest.hexdigest()[:FINGERPRINT_DIGITS]}
 
     def split_info(self, split: str) -> dict[str, int]:
         """Counts of ``split``: tokens, predicted_tokens, documents, bytes, words, replaced_bytes."""
@@ -433,9 +434,11 @@ def _document_text_counts(source: WorkDir, split: str, stream: np.ndarray, first
     counted them, and where they came from. Decoding reproduces them when the split had no
     invalid UTF-8 (checked against the totals); otherwise the corpus files are read again."""
     info = source.split_info(split)
-    tokenizer = source.tokenizer()
     n = len(first)
     counts = {key: np.zeros(n, np.int64) for key in ("bytes", "words", "replaced_bytes")}
+    if "id_map" in source.meta:             # written from the user's token ids: no text is known
+        return counts, "not known (token ids without text)"
+    tokenizer = source.tokenizer()
     step = 4096
     for lo in tqdm(range(0, n, step), desc=f"decode {split}", leave=False, disable=not show_progress):
         texts = tokenizer.decode_batch([stream[a:b].tolist() for a, b in zip(first[lo:lo + step],

@@ -1,5 +1,5 @@
 """The baseline: a standard decoder-only transformer in flax NNX (pre-norm, learned absolute
-positions, GELU MLP, untied output layer), trained by the same trainer on the same windows.
+positions, GELU MLP, untied output layer with or without a bias), trained by the same trainer on the same windows.
 
 It speaks the same model interface as :class:`saffu.models.saffu.SaffuConfig`, so
 :func:`saffu.training.trainer.train`, evaluation, sampling and BLiMP scoring take either:
@@ -69,7 +69,7 @@ class Transformer(nnx.Module):
         self.positions = nnx.Param(0.02 * jax.random.normal(rngs.params(), (config.max_len, config.width)))
         self.blocks = nnx.List([Block(config, rngs=rngs) for _ in range(config.layers)])
         self.final_norm = nnx.LayerNorm(config.width, rngs=rngs)
-        self.output = nnx.Linear(config.width, config.vocab_size, rngs=rngs)
+        self.output = nnx.Linear(config.width, config.vocab_size, use_bias=config.output_bias, rngs=rngs)
 
     def __call__(self, tokens: jax.Array, sow_weights: bool = False, alpha: jax.Array | None = None) -> jax.Array:
         """``sow_weights``: also keep every block's post-softmax attention weights
@@ -171,7 +171,8 @@ def explicit_transformer_init(config: TransformerConfig, key: jax.Array, factors
     ``r = config.width`` (``factors["embeddings"] float32[P, V, r]``, ``["output_weights"]
     float32[r, V]``, ``["output_bias"] float32[V]``):
 
-    * ``"bias"``: the output bias is ``log p(y)`` (the unigram: the first thing a cold start learns);
+    * ``"bias"``: the output bias is ``log p(y)`` (the unigram: the first thing a cold start
+      learns; skipped for a model without an output bias, ``config.output_bias = False``);
     * ``"embeddings"``: the token embeddings are ``E_0`` (the current token's explicit embedding),
       rescaled to the random embeddings' root-mean-square;
     * ``"output"``: the output kernel is ``B``, rescaled to the random kernel's root-mean-square.
@@ -188,7 +189,7 @@ def explicit_transformer_init(config: TransformerConfig, key: jax.Array, factors
                          f"width {config.width} and {config.vocab_size:,} tokens; solve them at rank {config.width}")
     params = transformer_init(config, key)
     rms = lambda x: jnp.sqrt(jnp.mean(jnp.square(x)))
-    if "bias" in pieces:
+    if "bias" in pieces and config.output_bias:
         params["output"]["bias"] = jnp.asarray(factors["output_bias"], jnp.float32)
     if "embeddings" in pieces:
         random = params["embed"]["embedding"]

@@ -1,0 +1,312 @@
+"""Explicit init of language models nobody here wrote: penzai's Llama-like transformer and its
+GPT-NeoX, random init against explicit init, through the public API only.
+
+The models are built by penzai (``pip install -e '.[models]'``) at the size of the project's
+transformer (width 128, 5 blocks, 4 heads of 32); their parameters, a tuple of penzai
+``ParameterValue`` s, become a plain dict ``{label: array}`` (axes in a fixed order), so
+:func:`saffu.interop.explicit_init` names the leaves by label:
+
+* ``llama``: ``transformer/embedder.embeddings`` ``[V, d]``, ``transformer/lm_head.weights`` ``[d, V]``
+  (untied, no output bias: RMSNorm, RoPE, SwiGLU);
+* ``llama-tied``: one matrix for both (penzai scales the embeddings by ``√d``), set to
+  :func:`saffu.interop.tied_matrix` (``--tied`` chooses the closed form);
+* ``neox``: GPT-NeoX (LayerNorm, parallel attention and MLP, partial RoPE, GELU), untied ``lm_head`` without a bias.
+
+None has an output bias, so the explicit init sets the embeddings and the output kernel only.
+Both inits train with the project's trainer (:func:`saffu.training.trainer.train`: same
+windows, same data order, AdamW on warm-up + cosine at ``--learning-rate``, the same for both:
+the rate the project's own transformer uses for cold and explicit starts), one epoch of the
+training split unless ``--steps``; each run is scored on the whole dev split (``--eval-tokens``
+of whole documents with ``--steps``: 100,000 unless given). Figures per model:
+``<model>_random_dev_loss`` / ``_explicit_dev_loss`` (nats/token), ``_dev_bpb``, and the
+explicit run's steps to the random run's final periodic dev loss.
+
+    python experiments/any_model.py --workdir runs/babylm --steps 30 --metrics-json runs/any_model/m.json
+    python experiments/any_model.py --workdir runs/babylm --models llama --inits random   # one run per core
+    python experiments/any_model.py --workdir runs/babylm --report     # results/any_model.json, docs/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np
+
+from saffu.interop.init import FOLD_SHARE
+
+MODELS = ("llama", "neox", "llama-tied")
+INITS = ("random", "explicit", "random-rms")
+#: The rate of the project's transformer, cold and explicit (experiments/budgets.py RATES).
+LEARNING_RATE = 0.01
+#: The explicit embeddings' root-mean-square (see the module docstring).
+EMBEDDING_RMS = 1.0
+SHORT_EVAL_TOKENS = 100_000
+
+
+@dataclasses.dataclass(frozen=True)
+class PenzaiModel:
+    """A penzai transformer behind saffu's model interface (:mod:`saffu.models.interface`):
+    params ``{label: float32 array}``, ``logits(params, tokens int32[B, S]) -> float32[B, S, V]``."""
+
+    family: str
+    vocab_size: int
+    width: int = 128
+    layers: int = 5
+    heads: int = 4
+    mlp: int = 512
+    tied: bool = False
+    context_tokens: int = 32
+    kind: str = "penzai"
+
+    @property
+    def context(self) -> int:
+        return self.context_tokens
+
+    @property
+    def eval_seq_len(self) -> int:
+        return 256
+
+    def build(self, key):
+        from penzai.models.transformer.variants import gpt_neox, llamalike_common
+        if self.family == "llama":
+            config = llamalike_common.LlamalikeTransformerConfig(
+                num_kv_heads=self.heads, query_head_multiplier=1, embedding_dim=self.width,
+                projection_dim=self.width // self.heads, mlp_hidden_dim=self.mlp * 2 // 3,
+                num_decoder_blocks=self.layers, vocab_size=self.vocab_size, mlp_variant="swiglu",
+                tie_embedder_and_logits=self.tied)
+            return llamalike_common.build_llamalike_transformer(config, init_base_rng=key)
+        config = gpt_neox.GPTNeoXTransformerConfig(
+            num_attention_heads=self.heads, embedding_dim=self.width, projection_dim=self.width // self.heads,
+            mlp_hidden_dim=self.mlp, num_decoder_blocks=self.layers, vocab_size=self.vocab_size,
+            activation_fn="gelu_approx", rope_subset_size=(self.width // self.heads) // 4, rope_wavelength=10_000,
+            layernorm_epsilon=1e-5, parameter_dtype="float32", activation_dtype="float32")
+        return gpt_neox.build_gpt_neox_transformer(config, init_base_rng=key)
+
+    def init(self, key) -> dict:
+        from penzai import pz
+        model = self.build(key)
+        _, values = pz.unbind_params(model, freeze=True)
+        return {v.label: v.value.unwrap(*v.value.named_shape) for v in values}
+
+    def logits(self, params: dict, tokens):
+        import jax
+        from penzai import pz
+        # built inside the trace, so the model's own constants (scales, rotary tables) are traced
+        # values rather than arrays captured by the executable; the unused random init is dead code
+        unbound, values = pz.unbind_params(self.build(jax.random.key(0)), freeze=True)
+        values = [pz.ParameterValue(label=v.label, value=pz.nx.wrap(params[v.label]).tag(*v.value.named_shape))
+                  for v in values]
+        named = pz.bind_variables(unbound, values)(pz.nx.wrap(tokens).tag("batch", "seq"))
+        return named.unwrap("batch", "seq", "vocabulary")
+
+    def forward_flops(self, seq_len: int) -> float:
+        d, L, V = self.width, self.layers, self.vocab_size
+        mean_visible = (self.context + seq_len + 1) / 2
+        mlp = 3 * d * (self.mlp * 2 // 3) if self.family == "llama" else 2 * d * self.mlp
+        return 2.0 * (L * (4 * d * d + mlp + 2 * mean_visible * d) + d * V)
+
+    def selectors(self) -> dict:
+        """``explicit_init`` keyword arguments naming this model's leaves."""
+        if self.family == "llama":
+            return {"embedding": "transformer/embedder.embeddings"} if self.tied else \
+                {"embedding": "transformer/embedder.embeddings", "output": "transformer/lm_head.weights"}
+        return {"embedding": "transformer/embedder.embeddings", "output": "transformer/lm_head.weights"}
+
+
+def model_for(name: str, vocab_size: int) -> PenzaiModel:
+    return PenzaiModel("llama" if name.startswith("llama") else "neox", vocab_size, tied=name.endswith("-tied"))
+
+
+def pieces_for(workdir, rank: int, out: Path):
+    """The explicit pieces of rank ``rank``, solved once and kept as an init file in ``out``."""
+    from saffu.interop import read_init_file, solve_pieces, write_init_file
+    path = out / f"pieces_r{rank}.safetensors"
+    if not path.exists():
+        tick = time.perf_counter()
+        pieces = solve_pieces(workdir, rank, progress=False)
+        write_init_file(pieces, path)
+        (out / f"pieces_r{rank}_seconds.json").write_text(json.dumps({"seconds": time.perf_counter() - tick}))
+    return read_init_file(path), json.loads((out / f"pieces_r{rank}_seconds.json").read_text())["seconds"]
+
+
+def run_one(name: str, init: str, args) -> dict:
+    """Train one (model, init) and score it; the result also lands in ``OUT/runs/NAME/result.json``."""
+    import jax
+
+    from saffu.configs import TrainConfig
+    from saffu.data.workdir import open_workdir
+    from saffu.eval.scoring import evaluate_split
+    from saffu.interop import explicit_init
+    from saffu.models.interface import parameter_count
+    from saffu.training.trainer import steps_per_epoch, train
+    workdir = open_workdir(args.workdir)
+    model = model_for(name, workdir.vocab_size)
+    variant = init if init.startswith("random") or model.tied else "explicit" + \
+        (f"-fold{args.fold_share:g}" if args.fold else "") + \
+        (f"-rms{args.embedding_rms:g}" if args.embedding_rms != EMBEDDING_RMS else "")
+    run = args.out / "runs" / f"{name}_{variant}_s{args.seed}_{args.steps or 'e1'}"
+    if (run / "result.json").exists():
+        return json.loads((run / "result.json").read_text())
+    params = model.init(jax.random.key(args.seed))
+    stream = workdir.tokens(workdir.train_split)
+    solve_seconds = 0.0
+    if init == "random-rms":            # the ablation: random embeddings at the explicit ones' scale
+        label = model.selectors()["embedding"]
+        params[label] = params[label] * (args.embedding_rms / float(np.sqrt(np.mean(np.square(params[label])))))
+    if init == "explicit":
+        pieces, solve_seconds = pieces_for(workdir, model.width, args.out)
+        fold = args.fold and not model.tied
+        sample = jax.numpy.asarray(np.asarray(stream[:8 * 257]).reshape(8, 257).astype(np.int32))  # training tokens
+        params = explicit_init(params, pieces, tied=args.tied, fold=fold, apply=model.logits if fold else None,
+                               sample=sample if fold else None, fold_share=args.fold_share,
+                               embedding_rms=args.embedding_rms, **model.selectors())
+    settings = TrainConfig(learning_rate=args.learning_rate, seed=args.seed, eval_every=args.eval_every,
+                           steps=args.steps or steps_per_epoch(len(stream) - 1, TrainConfig()))
+    trained, _ = train(model, params, stream, settings, run / "train", dev_stream=workdir.tokens("dev"),
+                       progress=not args.quiet)
+    history = [json.loads(line) for line in (run / "train" / "metrics.jsonl").read_text().splitlines() if line]
+    eval_tokens = args.eval_tokens if args.eval_tokens is not None else (SHORT_EVAL_TOKENS if args.steps else 0)
+    scores = evaluate_split(trained, model, workdir, "dev", eval_tokens or None, progress=not args.quiet,
+                            prefix="dev_")
+    result = {"model": name, "init": init, "variant": variant, "seed": args.seed, "steps": settings.steps,
+              "learning_rate": args.learning_rate, "tied": args.tied if model.tied else None,
+              "trained_params": parameter_count(trained), "solve_seconds": solve_seconds,
+              "train_seconds": history[-1]["seconds"], "history": history, **scores}
+    (run / "result.json").write_text(json.dumps(result))
+    return result
+
+
+def first_at(history: list[dict], target: float) -> float:
+    """The first step whose periodic dev loss is at or below ``target`` (linear between
+    evaluations); ``nan`` if none."""
+    previous = None
+    for record in history:
+        if record["dev_loss"] <= target:
+            if previous is None:
+                return float(record["step"])
+            share = (previous["dev_loss"] - target) / (previous["dev_loss"] - record["dev_loss"])
+            return previous["step"] + share * (record["step"] - previous["step"])
+        previous = record
+    return math.nan
+
+
+def summarise(results: list[dict]) -> dict:
+    """Flat figures per model: both inits' dev loss and bits/byte, the gain, and the explicit
+    run's steps to the random run's final periodic dev loss. ``<model>_explicit_*`` is the
+    default explicit init; other variants (``random-rms``, ``explicit-fold10``, …) get
+    ``<model>_<variant>_dev_loss`` / ``_dev_bpb``."""
+    figures = {}
+    for name in MODELS:
+        runs = {r["variant"]: r for r in results if r["model"] == name}
+        warm = runs.get("explicit")
+        if "random" not in runs or warm is None:
+            continue
+        cold = runs["random"]
+        reached = first_at(warm["history"], cold["history"][-1]["dev_loss"])
+        figures.update({f"{name}_random_dev_loss": cold["dev_loss"], f"{name}_explicit_dev_loss": warm["dev_loss"],
+                        f"{name}_random_dev_bpb": cold["dev_bpb"], f"{name}_explicit_dev_bpb": warm["dev_bpb"],
+                        f"{name}_gain_bpb": cold["dev_bpb"] - warm["dev_bpb"],
+                        f"{name}_steps": cold["steps"], f"{name}_explicit_steps_to_random_final": reached,
+                        f"{name}_explicit_share_of_steps": reached / cold["steps"],
+                        f"{name}_dev_whole_split": bool(cold["dev_whole_split"]),
+                        f"{name}_explicit_solve_seconds": warm["solve_seconds"],
+                        f"{name}_random_train_seconds": cold["train_seconds"],
+                        f"{name}_explicit_train_seconds": warm["train_seconds"]})
+        for variant, run in runs.items():
+            if run is not warm and variant != "random":
+                figures.update({f"{name}_{variant}_dev_loss": run["dev_loss"], f"{name}_{variant}_dev_bpb": run["dev_bpb"]})
+    return figures
+
+
+def table(figures: dict) -> str:
+    rows = ["| model | steps | random dev bits/byte | explicit dev bits/byte | gain | explicit's steps to random's final loss |",
+            "|---|---:|---:|---:|---:|---:|"]
+    for name in MODELS:
+        if f"{name}_gain_bpb" in figures:
+            f = lambda key, name=name: figures[f"{name}_{key}"]
+            rows.append(f"| {name} | {f('steps')} | {f('random_dev_bpb'):.4f} | {f('explicit_dev_bpb'):.4f} | "
+                        f"{f('gain_bpb'):+.4f} | {f('explicit_steps_to_random_final'):.0f} "
+                        f"({100 * f('explicit_share_of_steps'):.0f}%) |")
+    return "\n".join(rows)
+
+
+def short_table(results: list[dict]) -> str:
+    """Every 30-step run: each variant's dev loss at steps 0, 10, 20 and 30 and at the end."""
+    rows = ["| model | init | dev loss at step 0 / 10 / 20 / 30 (periodic windows) | dev loss (nats, end) | dev tokens |",
+            "|---|---|---|---:|---:|"]
+    for r in sorted(results, key=lambda r: (MODELS.index(r["model"]), r["variant"])):
+        curve = " / ".join(f"{h['dev_loss']:.2f}" for h in r["history"])
+        rows.append(f"| {r['model']} | {r['variant']} | {curve} | {r['dev_loss']:.4f} | {r['dev_tokens']:,} |")
+    return "\n".join(rows)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--workdir", type=Path, required=True, help="prepared work directory (babylm-2023-4src)")
+    parser.add_argument("--out", type=Path, default=Path("runs/any_model"), help="runs and pieces go here")
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=["llama", "neox"])
+    parser.add_argument("--inits", nargs="+", choices=INITS, default=["random", "explicit"],
+                        help="random-rms: random init with the embeddings at --embedding-rms (the scale ablation)")
+    parser.add_argument("--steps", type=int, default=0, help="training steps (0: one epoch)")
+    parser.add_argument("--learning-rate", type=float, default=LEARNING_RATE)
+    parser.add_argument("--tied", choices=("embedding", "output", "mean"), default="mean",
+                        help="closed form of a tied matrix (llama-tied)")
+    parser.add_argument("--fold", action=argparse.BooleanOptionalAction, default=False,
+                        help="fold the unigram into the embeddings and the output kernel (untied models)")
+    parser.add_argument("--fold-share", type=float, default=FOLD_SHARE,
+                        help="weight of the folded unigram's shared embedding component")
+    parser.add_argument("--embedding-rms", type=float, default=EMBEDDING_RMS,
+                        help="root-mean-square of the explicit embeddings (0: the random embeddings' own)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--eval-every", type=int, default=50, help="steps between periodic dev losses")
+    parser.add_argument("--eval-tokens", type=int, help="dev tokens scored at the end (0: the whole split; "
+                        f"default: whole, or {SHORT_EVAL_TOKENS:,} with --steps)")
+    parser.add_argument("--metrics-json", type=Path, help="write the figures as a flat JSON object here")
+    parser.add_argument("--report", action="store_true",
+                        help="gather the finished one-epoch runs into results/any_model.json")
+    parser.add_argument("--quiet", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        import penzai  # noqa: F401
+    except ImportError:
+        raise SystemExit("penzai is not installed: pip install -e '.[models]'") from None
+    if args.report:
+        from results import write_result
+        epoch = [json.loads(p.read_text()) for p in sorted((args.out / "runs").glob("*_e1/result.json"))]
+        figures = summarise(epoch)
+        if not figures:
+            raise SystemExit(f"no finished pair of one-epoch runs under {args.out / 'runs'}")
+        short = [json.loads(p.read_text()) for p in sorted((args.out / "runs").glob("*_30/result.json"))]
+        write_result("any_model", {**figures, "table": table(figures), "short_table": short_table(short)},
+                     seeds=sorted({r["seed"] for r in epoch + short}))
+        print(table(figures))
+        print(short_table(short))
+        return 0
+    results = []
+    for name in args.models:
+        for init in args.inits:
+            result = run_one(name, init, args)
+            results.append(result)
+            print(f"{name:>10} {init:>8}: dev loss {result['dev_loss']:.4f} nats, {result['dev_bpb']:.4f} bits/byte "
+                  f"({result['steps']} steps, {result['train_seconds']:.0f} s)", flush=True)
+    figures = summarise(results)
+    if figures:
+        print(table(figures))
+    if args.metrics_json:
+        args.metrics_json.parent.mkdir(parents=True, exist_ok=True)
+        args.metrics_json.write_text(json.dumps({**figures, **{f"{r['model']}_{r['init']}_dev_loss": r["dev_loss"]
+                                                             for r in results}}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,156 @@
+"""A trained saffu transformer as a Hugging Face GPT-2 checkpoint (``saffu export``).
+
+saffu's transformer is GPT-2's architecture (pre-norm blocks, learned absolute positions,
+``gelu_new`` MLP, biased attention projections, a final LayerNorm) with two differences:
+
+* its output layer is untied and, by default, has a bias. GPT-2 has no output bias, so only a
+  run trained with ``--no-output-bias`` exports; its untied output becomes ``lm_head.weight``
+  with ``tie_word_embeddings = false``.
+* its attention never crosses an ``<eod>`` inside a window; GPT-2's is plainly causal. They
+  agree on every window that holds one document (how BabyLM's evaluation scores sentences).
+
+The checkpoint is ``config.json``, ``model.safetensors`` (PyTorch names, ``Conv1D`` weights
+stored ``[in, out]`` as GPT-2 does), ``generation_config.json`` and the tokenizer files
+(``tokenizer.json``, ``tokenizer_config.json``, ``special_tokens_map.json``), loadable by
+``transformers.AutoModelForCausalLM.from_pretrained(DIR)``. :func:`gpt2_logits` is an
+independent float64 NumPy forward of that architecture (the round trip's reference).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from saffu._io import SaffuError, atomic_write_json, exclusive, probe_writable
+from saffu.data.tokenizer import EOD_ID, EOD_TOKEN, PAD_ID, PAD_TOKEN
+
+#: nnx.LayerNorm's epsilon, written as GPT-2's ``layer_norm_epsilon``.
+LAYER_NORM_EPSILON = 1e-6
+
+
+def exportable(config) -> None:
+    """One :class:`SaffuError` line when ``config`` cannot be written as GPT-2."""
+    if config.kind == "residual":
+        raise SaffuError("a residual run is its exact tables plus a transformer; it has no plain-model form to "
+                         "export (export a transformer run, trained without --residual)")
+    if config.kind != "transformer":
+        raise SaffuError(f"a {config.kind} run has no Hugging Face architecture; export a transformer run")
+    if config.output_bias:
+        raise SaffuError("this transformer's output layer has a bias, which GPT-2 lacks; train it with "
+                         "--no-output-bias to export it")
+    if config.ffn != "dense" or config.guide_share:
+        raise SaffuError(f"a structured MLP (--ffn {config.ffn}) has no GPT-2 form; export a dense transformer")
+
+
+def gpt2_config(config) -> dict:
+    """``config.json`` of a GPT-2 with ``config``'s shape (:class:`saffu.configs.TransformerConfig`)."""
+    return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": config.vocab_size,
+            "n_positions": config.max_len, "n_ctx": config.max_len, "n_embd": config.width,
+            "n_layer": config.layers, "n_head": config.heads, "n_inner": config.mlp_ratio * config.width,
+            "activation_function": "gelu_new", "layer_norm_epsilon": LAYER_NORM_EPSILON,
+            "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "scale_attn_weights": True,
+            "tie_word_embeddings": False, "bos_token_id": EOD_ID, "eos_token_id": EOD_ID,
+            "pad_token_id": PAD_ID, "torch_dtype": "float32"}
+
+
+def gpt2_state(params, config) -> dict[str, np.ndarray]:
+    """saffu transformer params → GPT-2 ``state_dict`` arrays (float32, PyTorch names)."""
+    d = config.width
+    f32 = lambda x: np.ascontiguousarray(np.asarray(x, np.float32))
+    state = {"transformer.wte.weight": f32(params["embed"]["embedding"]),
+             "transformer.wpe.weight": f32(params["positions"]),
+             "transformer.ln_f.weight": f32(params["final_norm"]["scale"]),
+             "transformer.ln_f.bias": f32(params["final_norm"]["bias"]),
+             "lm_head.weight": f32(np.asarray(params["output"]["kernel"]).T)}
+    for i in range(config.layers):
+        block, name = params["blocks"][i], f"transformer.h.{i}"
+        attention = block["attention"]
+        qkv = [np.asarray(attention[k]["kernel"]).reshape(d, d) for k in ("query", "key", "value")]
+        state.update({
+            f"{name}.ln_1.weight": f32(block["attention_norm"]["scale"]),
+            f"{name}.ln_1.bias": f32(block["attention_norm"]["bias"]),
+            f"{name}.attn.c_attn.weight": f32(np.concatenate(qkv, axis=1)),
+            f"{name}.attn.c_attn.bias": f32(np.concatenate([np.asarray(attention[k]["bias"]).reshape(d)
+                                                            for k in ("query", "key", "value")])),
+            f"{name}.attn.c_proj.weight": f32(np.asarray(attention["out"]["kernel"]).reshape(d, d)),
+            f"{name}.attn.c_proj.bias": f32(attention["out"]["bias"]),
+            f"{name}.ln_2.weight": f32(block["mlp_norm"]["scale"]),
+            f"{name}.ln_2.bias": f32(block["mlp_norm"]["bias"]),
+            f"{name}.mlp.c_fc.weight": f32(block["mlp_in"]["kernel"]),
+            f"{name}.mlp.c_fc.bias": f32(block["mlp_in"]["bias"]),
+            f"{name}.mlp.c_proj.weight": f32(block["mlp_out"]["kernel"]),
+            f"{name}.mlp.c_proj.bias": f32(block["mlp_out"]["bias"]),
+        })
+    return state
+
+
+def export_gpt2(params, config, tokenizer_json: str | Path, out: str | Path) -> dict:
+    """Write the checkpoint (see the module docstring) to ``out``; returns what was written."""
+    from safetensors.numpy import save_file
+    exportable(config)
+    out = Path(out)
+    probe_writable(out, "--out", directory=True)
+    with exclusive(out, "saffu export"):
+        state = gpt2_state(params, config)
+        save_file(state, str(out / "model.safetensors.tmp"), metadata={"format": "pt"})
+        (out / "model.safetensors.tmp").replace(out / "model.safetensors")
+        atomic_write_json(out / "config.json", gpt2_config(config))
+        atomic_write_json(out / "generation_config.json", {"bos_token_id": EOD_ID, "eos_token_id": EOD_ID,
+                                                           "pad_token_id": PAD_ID})
+        shutil.copyfile(tokenizer_json, out / "tokenizer.json")
+        specials = {"bos_token": EOD_TOKEN, "eos_token": EOD_TOKEN, "unk_token": EOD_TOKEN, "pad_token": PAD_TOKEN}
+        atomic_write_json(out / "special_tokens_map.json", specials)
+        atomic_write_json(out / "tokenizer_config.json", {"tokenizer_class": "PreTrainedTokenizerFast",
+                                                          "model_max_length": config.max_len,
+                                                          "add_prefix_space": False, **specials})
+    return {"out": str(out), "architecture": "GPT2LMHeadModel", "tensors": len(state),
+            "parameters": int(sum(v.size for v in state.values())),
+            "files": sorted(p.name for p in out.iterdir() if not p.name.startswith("."))}
+
+
+def _layer_norm(x, weight, bias, eps):
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * weight + bias
+
+
+def _gelu_new(x):
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def gpt2_logits(state: dict[str, np.ndarray], config: dict, tokens: np.ndarray) -> np.ndarray:
+    """GPT-2's forward in float64 NumPy from a checkpoint's arrays and ``config.json``:
+    ``int[B, S] -> float64[B, S, V]`` (plain causal attention, no dropout)."""
+    s = {k: np.asarray(v, np.float64) for k, v in state.items()}
+    B, S = tokens.shape
+    d, heads, eps = config["n_embd"], config["n_head"], config["layer_norm_epsilon"]
+    hd = d // heads
+    x = s["transformer.wte.weight"][tokens] + s["transformer.wpe.weight"][np.arange(S)][None]
+    causal = np.tril(np.ones((S, S), bool))
+    for i in range(config["n_layer"]):
+        p = lambda n, i=i: s[f"transformer.h.{i}.{n}"]
+        h = _layer_norm(x, p("ln_1.weight"), p("ln_1.bias"), eps)
+        q, k, v = np.split(h @ p("attn.c_attn.weight") + p("attn.c_attn.bias"), 3, axis=-1)
+        split = lambda t: t.reshape(B, S, heads, hd).transpose(0, 2, 1, 3)
+        scores = split(q) @ split(k).transpose(0, 1, 3, 2) / math.sqrt(hd)
+        scores = np.where(causal, scores, -np.inf)
+        weights = np.exp(scores - scores.max(-1, keepdims=True))
+        weights /= weights.sum(-1, keepdims=True)
+        mixed = (weights @ split(v)).transpose(0, 2, 1, 3).reshape(B, S, d)
+        x = x + mixed @ p("attn.c_proj.weight") + p("attn.c_proj.bias")
+        h = _layer_norm(x, p("ln_2.weight"), p("ln_2.bias"), eps)
+        x = x + _gelu_new(h @ p("mlp.c_fc.weight") + p("mlp.c_fc.bias")) @ p("mlp.c_proj.weight") \
+            + p("mlp.c_proj.bias")
+    x = _layer_norm(x, s["transformer.ln_f.weight"], s["transformer.ln_f.bias"], eps)
+    return x @ s["lm_head.weight"].T
+
+
+def load_checkpoint(path: str | Path) -> tuple[dict[str, np.ndarray], dict]:
+    """``(state arrays, config.json)`` of an exported checkpoint folder."""
+    from safetensors.numpy import load_file
+    path = Path(path)
+    return load_file(str(path / "model.safetensors")), json.loads((path / "config.json").read_text())
