@@ -42,7 +42,7 @@ import numpy as np
 
 from saffu.interop.init import FOLD_SHARE
 
-MODELS = ("llama", "neox", "llama-tied")
+MODELS = ("llama", "neox", "llama-tied", "saffu-nobias")
 INITS = ("random", "explicit", "random-rms")
 #: The rate of the project's transformer, cold and explicit (experiments/budgets.py RATES).
 LEARNING_RATE = 0.01
@@ -121,8 +121,39 @@ class PenzaiModel:
         return {"embedding": "transformer/embedder.embeddings", "output": "transformer/lm_head.weights"}
 
 
-def model_for(name: str, vocab_size: int) -> PenzaiModel:
+@dataclasses.dataclass(frozen=True)
+class SaffuNoBias:
+    """The control: saffu's own transformer without an output bias (the layout ``saffu export``
+    writes), initialised through the same public API as the penzai models."""
+
+    vocab_size: int
+    tied: bool = False
+
+    def __post_init__(self):
+        from saffu.configs import TransformerConfig
+        object.__setattr__(self, "config", TransformerConfig(self.vocab_size, output_bias=False))
+
+    def __getattr__(self, name):                  # context, init, logits, forward_flops, eval_seq_len, kind
+        return getattr(self.__dict__["config"], name)
+
+    def selectors(self) -> dict:
+        return {"embedding": "embed/embedding", "output": "output/kernel"}
+
+
+def model_for(name: str, vocab_size: int):
+    if name == "saffu-nobias":
+        return SaffuNoBias(vocab_size)
     return PenzaiModel("llama" if name.startswith("llama") else "neox", vocab_size, tied=name.endswith("-tied"))
+
+
+def _embedding_leaf(params: dict, label: str) -> tuple[dict, str]:
+    """``(the dict holding the embedding, its key)``: a flat label (penzai) or a nested path."""
+    if label in params:
+        return params, label
+    *parents, last = label.split("/")
+    for key in parents:
+        params = params[key]
+    return params, last
 
 
 def pieces_for(workdir, rank: int, out: Path):
@@ -149,8 +180,9 @@ def run_one(name: str, init: str, args) -> dict:
     from saffu.training.trainer import steps_per_epoch, train
     workdir = open_workdir(args.workdir)
     model = model_for(name, workdir.vocab_size)
-    variant = init if init.startswith("random") or model.tied else "explicit" + \
-        (f"-fold{args.fold_share:g}" if args.fold else "") + \
+    variant = init if init.startswith("random") else "explicit" + \
+        (f"-tied-{args.tied}" if model.tied and args.tied != "mean" else "") + \
+        (f"-fold{args.fold_share:g}" if args.fold and not model.tied else "") + \
         (f"-rms{args.embedding_rms:g}" if args.embedding_rms != EMBEDDING_RMS else "")
     run = args.out / "runs" / f"{name}_{variant}_s{args.seed}_{args.steps or 'e1'}"
     if (run / "result.json").exists():
@@ -159,10 +191,10 @@ def run_one(name: str, init: str, args) -> dict:
     stream = workdir.tokens(workdir.train_split)
     solve_seconds = 0.0
     if init == "random-rms":            # the ablation: random embeddings at the explicit ones' scale
-        label = model.selectors()["embedding"]
-        params[label] = params[label] * (args.embedding_rms / float(np.sqrt(np.mean(np.square(params[label])))))
+        holder, key = _embedding_leaf(params, model.selectors()["embedding"])
+        holder[key] = holder[key] * (args.embedding_rms / float(np.sqrt(np.mean(np.square(holder[key])))))
     if init == "explicit":
-        pieces, solve_seconds = pieces_for(workdir, model.width, args.out)
+        pieces, solve_seconds = pieces_for(workdir, 128, args.out)
         fold = args.fold and not model.tied
         sample = jax.numpy.asarray(np.asarray(stream[:8 * 257]).reshape(8, 257).astype(np.int32))  # training tokens
         params = explicit_init(params, pieces, tied=args.tied, fold=fold, apply=model.logits if fold else None,

@@ -118,16 +118,22 @@ def _like(piece: np.ndarray, leaf, gain: float = 1.0) -> jax.Array:
     return jax.numpy.asarray(scaled, dtype=leaf.dtype)
 
 
-def _oriented(piece: np.ndarray, shape: tuple, vocab: int, role: str, layout: str) -> np.ndarray:
-    """``piece`` (``[V, d]``) as ``[V, d]`` or ``[d, V]`` to match ``shape``."""
+def _layout(shape: tuple, vocab: int, role: str, layout: str) -> str:
+    """``"vd"`` or ``"dv"``: how a ``[V, d]`` piece lies in a leaf of ``shape`` (one error line
+    when the leaf is not a matrix with a ``V`` axis, or is square and ``layout`` is ``"auto"``)."""
     if len(shape) != 2 or vocab not in shape:
-        raise SaffuError(f"the {role} leaf has shape {tuple(shape)}; the explicit pieces have a vocabulary of "
-                         f"{vocab:,} tokens (solve them from the model's own tokenizer)")
+        raise SaffuError(f"the {role} leaf has shape {tuple(shape)} but the explicit pieces have a vocabulary of "
+                         f"{vocab:,} tokens; solve them with the model's own tokenizer")
     if layout == "auto":
         if shape[0] == shape[1]:
             raise SaffuError(f"the {role} leaf is square {tuple(shape)}: say its layout (\"vd\" or \"dv\")")
         layout = "vd" if shape[0] == vocab else "dv"
-    return piece if layout == "vd" else piece.T
+    return layout
+
+
+def _oriented(piece: np.ndarray, shape: tuple, vocab: int, role: str, layout: str) -> np.ndarray:
+    """``piece`` (``[V, d]``) as ``[V, d]`` or ``[d, V]`` to match ``shape``."""
+    return piece if _layout(shape, vocab, role, layout) == "vd" else piece.T
 
 
 def tied_matrix(pieces: ExplicitPieces, choice: str = "mean") -> np.ndarray:
@@ -235,13 +241,7 @@ def explicit_init(params, pieces, *, embedding: Selector, output: Selector | Non
     if len(shape) != 2:
         raise SaffuError(f"the embedding leaf has shape {shape}; it must be a matrix [V, d]")
     vocab = pieces.vocab_size if isinstance(pieces, ExplicitPieces) else _vocab_of(pieces)
-    if vocab not in shape:
-        raise SaffuError(f"the model's embedding has shape {shape} but the explicit pieces have a vocabulary of "
-                         f"{vocab:,} tokens; solve them with the model's own tokenizer")
-    if embedding_layout == "auto":
-        if shape[0] == shape[1]:
-            raise SaffuError(f"the embedding leaf is square {shape}: say its layout (\"vd\" or \"dv\")")
-        embedding_layout = "vd" if shape[0] == vocab else "dv"
+    embedding_layout = _layout(shape, vocab, "embedding", embedding_layout)
     width = shape[1] if embedding_layout == "vd" else shape[0]
     if not isinstance(pieces, ExplicitPieces):
         from saffu.interop.tokens import solve_pieces
