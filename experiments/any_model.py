@@ -12,8 +12,10 @@ transformer (width 128, 5 blocks, 4 heads of 32); their parameters, a tuple of p
   :func:`saffu.interop.tied_matrix` (``--tied`` chooses the closed form);
 * ``neox``: GPT-NeoX (LayerNorm, parallel attention and MLP, partial RoPE, GELU), untied ``lm_head`` without a bias.
 
-None has an output bias, so the explicit init sets the embeddings and the output kernel only.
-Both inits train with the project's trainer (:func:`saffu.training.trainer.train`: same
+None has an output bias, so the explicit init sets the embeddings and the output kernel only:
+the embeddings at RMS 1.0 (``--embedding-rms``; at penzai's own ``1/√d`` they are buried under
+the random blocks' outputs), the output kernel at its random RMS; a tied matrix (also the output
+kernel) at its own RMS. Both inits train with the project's trainer (:func:`saffu.training.trainer.train`: same
 windows, same data order, AdamW on warm-up + cosine at ``--learning-rate``, the same for both:
 the rate the project's own transformer uses for cold and explicit starts), one epoch of the
 training split unless ``--steps``; each run is scored on the whole dev split (``--eval-tokens``
@@ -46,7 +48,7 @@ MODELS = ("llama", "neox", "llama-tied", "saffu-nobias")
 INITS = ("random", "explicit", "random-rms")
 #: The rate of the project's transformer, cold and explicit (experiments/budgets.py RATES).
 LEARNING_RATE = 0.01
-#: The explicit embeddings' root-mean-square (see the module docstring).
+#: The explicit embeddings' root-mean-square (see :func:`saffu.interop.explicit_init`).
 EMBEDDING_RMS = 1.0
 SHORT_EVAL_TOKENS = 100_000
 
@@ -140,6 +142,12 @@ class SaffuNoBias:
         return {"embedding": "embed/embedding", "output": "output/kernel"}
 
 
+def default_rms(model) -> float:
+    """The explicit embeddings' RMS: :data:`EMBEDDING_RMS`, or for a tied matrix (also the output
+    kernel, where RMS 1.0 makes the step-0 logits huge) the random matrix's own (0)."""
+    return 0.0 if model.tied else EMBEDDING_RMS
+
+
 def model_for(name: str, vocab_size: int):
     if name == "saffu-nobias":
         return SaffuNoBias(vocab_size)
@@ -180,10 +188,11 @@ def run_one(name: str, init: str, args) -> dict:
     from saffu.training.trainer import steps_per_epoch, train
     workdir = open_workdir(args.workdir)
     model = model_for(name, workdir.vocab_size)
+    rms = default_rms(model) if args.embedding_rms is None else args.embedding_rms
     variant = init if init.startswith("random") else "explicit" + \
         (f"-tied-{args.tied}" if model.tied and args.tied != "mean" else "") + \
         (f"-fold{args.fold_share:g}" if args.fold and not model.tied else "") + \
-        (f"-rms{args.embedding_rms:g}" if args.embedding_rms != EMBEDDING_RMS else "")
+        (f"-rms{rms:g}" if rms != default_rms(model) else "")
     run = args.out / "runs" / f"{name}_{variant}_s{args.seed}_{args.steps or 'e1'}"
     if (run / "result.json").exists():
         return json.loads((run / "result.json").read_text())
@@ -192,14 +201,14 @@ def run_one(name: str, init: str, args) -> dict:
     solve_seconds = 0.0
     if init == "random-rms":            # the ablation: random embeddings at the explicit ones' scale
         holder, key = _embedding_leaf(params, model.selectors()["embedding"])
-        holder[key] = holder[key] * (args.embedding_rms / float(np.sqrt(np.mean(np.square(holder[key])))))
+        holder[key] = holder[key] * (EMBEDDING_RMS / float(np.sqrt(np.mean(np.square(holder[key])))))
     if init == "explicit":
         pieces, solve_seconds = pieces_for(workdir, 128, args.out)
         fold = args.fold and not model.tied
         sample = jax.numpy.asarray(np.asarray(stream[:8 * 257]).reshape(8, 257).astype(np.int32))  # training tokens
         params = explicit_init(params, pieces, tied=args.tied, fold=fold, apply=model.logits if fold else None,
                                sample=sample if fold else None, fold_share=args.fold_share,
-                               embedding_rms=args.embedding_rms, **model.selectors())
+                               embedding_rms=rms or None, **model.selectors())
     settings = TrainConfig(learning_rate=args.learning_rate, seed=args.seed, eval_every=args.eval_every,
                            steps=args.steps or steps_per_epoch(len(stream) - 1, TrainConfig()))
     trained, _ = train(model, params, stream, settings, run / "train", dev_stream=workdir.tokens("dev"),
@@ -287,7 +296,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=Path("runs/any_model"), help="runs and pieces go here")
     parser.add_argument("--models", nargs="+", choices=MODELS, default=["llama", "neox"])
     parser.add_argument("--inits", nargs="+", choices=INITS, default=["random", "explicit"],
-                        help="random-rms: random init with the embeddings at --embedding-rms (the scale ablation)")
+                        help=f"random-rms: random init with the embeddings at RMS {EMBEDDING_RMS:g} (the scale ablation)")
     parser.add_argument("--steps", type=int, default=0, help="training steps (0: one epoch)")
     parser.add_argument("--learning-rate", type=float, default=LEARNING_RATE)
     parser.add_argument("--tied", choices=("embedding", "output", "mean"), default="mean",
@@ -296,8 +305,9 @@ def main(argv=None) -> int:
                         help="fold the unigram into the embeddings and the output kernel (untied models)")
     parser.add_argument("--fold-share", type=float, default=FOLD_SHARE,
                         help="weight of the folded unigram's shared embedding component")
-    parser.add_argument("--embedding-rms", type=float, default=EMBEDDING_RMS,
-                        help="root-mean-square of the explicit embeddings (0: the random embeddings' own)")
+    parser.add_argument("--embedding-rms", type=float,
+                        help=f"root-mean-square of the explicit embeddings (0: the random embeddings' own; default: "
+                             f"{EMBEDDING_RMS:g}, for a tied matrix — also the output kernel — its own)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--eval-every", type=int, default=50, help="steps between periodic dev losses")
     parser.add_argument("--eval-tokens", type=int, help="dev tokens scored at the end (0: the whole split; "

@@ -95,10 +95,14 @@ scored on the whole dev split; steps to random's final loss are read on the peri
 
 ## 30 steps: the variants
 
-`random-rms`: random init with the embeddings scaled to RMS 1.0 (the scale ablation);
-`explicit-rms0`: explicit pieces at the random embeddings' own RMS; `explicit-fold10`: the
-unigram folded into the embeddings and the output kernel (`fold=True`); `explicit`: the
-default above. Dev loss at the end on whole dev documents (the dev tokens column).
+The same trainer for 30 steps (lr 0.01, warm-up 15 steps), scored on 20,000 dev tokens of whole
+documents. `llama-tied`: penzai's Llama-like with one matrix for the embeddings and the output
+(penzai scales it by √d on the way in): `explicit` sets it to the mean of `E₀` and `Bᵀ` at equal
+RMS (`tied_matrix(..., "mean")`) at the random matrix's own RMS, `explicit-tied-embedding` to
+`E₀`, `explicit-tied-output` to `Bᵀ`, `explicit-rms1` the mean at RMS 1.0 (which makes the
+step-0 logits huge). `saffu-nobias`: saffu's own transformer without an output bias (the layout
+`saffu export` writes) through the same public API: `explicit` with the embeddings at RMS 1.0,
+`explicit-rms0` at the random embeddings' own RMS.
 
 {f['short_table']}
 """
