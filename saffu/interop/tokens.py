@@ -104,34 +104,30 @@ class TokenSource:
             raise SaffuError(f"token id {low if low < 0 else high} is outside the vocabulary of {self.vocab_size:,}")
         return stream
 
-    def id_map(self, stream: np.ndarray) -> np.ndarray:
-        """``int64[V]``: saffu id of every user id (an involution: it is its own inverse)."""
+    def id_map(self, stream: np.ndarray | None = None) -> np.ndarray:
+        """``int64[V]``: the saffu id of every user id (two swaps: the user's eod with ``<eod>``,
+        then the user's pad with ``<pad>``). Made from ``stream`` (:meth:`stream`, which picks
+        the rarest token when there is no ``pad_id``) the first time, then kept."""
         if self._map is None:
+            if stream is None:
+                raise SaffuError("the id map is made when the documents are written (workdir_from_tokens)")
             pad = self.pad_id
             if pad is None:
                 counts = np.bincount(stream, minlength=self.vocab_size)
                 counts[self.eod_id] = np.iinfo(np.int64).max
                 pad = int(np.flatnonzero(counts == counts.min())[-1])
-            perm = np.arange(self.vocab_size)
+            perm = np.arange(self.vocab_size)            # perm[saffu id] = user id
             for user, ours in ((self.eod_id, tok.EOD_ID), (pad, tok.PAD_ID)):
-                i, j = int(np.flatnonzero(perm == user)[0]), ours
-                perm[[i, j]] = perm[[j, i]]
+                i = int(np.flatnonzero(perm == user)[0])
+                perm[[i, ours]] = perm[[ours, i]]
             self._map = np.empty_like(perm)
-            self._map[perm] = np.arange(self.vocab_size)        # user id -> position it was swapped to
+            self._map[perm] = np.arange(self.vocab_size)
             self._pad = pad
         return self._map
 
     def to_user(self, rows: np.ndarray, axis: int = 0) -> np.ndarray:
         """A ``V``-long axis indexed by saffu ids re-indexed by the user's ids."""
-        if self._map is None:
-            raise SaffuError("the id map is made when the documents are written (workdir_from_tokens)")
-        return np.take(rows, self._map, axis=axis)
-
-    def to_saffu(self, ids):
-        """User ids → saffu ids (any integer array; a ``jax`` array too)."""
-        if self._map is None:
-            raise SaffuError("the id map is made when the documents are written (workdir_from_tokens)")
-        return self._map[ids] if isinstance(ids, np.ndarray) else __import__("jax").numpy.asarray(self._map)[ids]
+        return np.take(rows, self.id_map(), axis=axis)
 
 
 def workdir_from_tokens(source: TokenSource, out: str | Path) -> WorkDir:
@@ -188,9 +184,7 @@ def solve_pieces(source, rank: int, solver: FactorConfig | None = None, progress
 
 
 def _solve(workdir: WorkDir, rank: int, solver: FactorConfig, progress: bool, solve_factorised) -> ExplicitPieces:
-    predicted = workdir.split_info(workdir.train_split)["predicted_tokens"]
-    if solver.holdout_tokens > predicted // 10:
-        solver = dataclasses.replace(solver, holdout_tokens=predicted // 10)
+    solver = _capped_holdout(solver, workdir)
     config = FactorisedConfig(workdir.vocab_size, rank=rank, positions=1)
     factors, report = solve_factorised(workdir, config, solver, progress=progress)
     from saffu.solve.exact import held_out_prior
@@ -204,6 +198,13 @@ def _solve(workdir: WorkDir, rank: int, solver: FactorConfig, progress: bool, so
     return ExplicitPieces(embedding=np.asarray(factors["embeddings"][0], np.float32),
                           output=np.asarray(factors["output_weights"], np.float32),
                           bias=np.asarray(factors["output_bias"], np.float32), counts=counts, manifest=manifest)
+
+
+def _capped_holdout(config, workdir: WorkDir):
+    """``config`` (a :class:`FactorConfig` or :class:`ExactConfig`) holding out at most a tenth
+    of ``workdir``'s training targets for calibration."""
+    most = workdir.split_info(workdir.train_split)["predicted_tokens"] // 10
+    return dataclasses.replace(config, holdout_tokens=most) if config.holdout_tokens > most else config
 
 
 def _counted_targets(prior, counted: int) -> np.ndarray:
@@ -225,9 +226,7 @@ def solve_exact_tables(source: TokenSource, config=None, progress: bool = True):
                          f"{source.vocab_size:,}")
     with tempfile.TemporaryDirectory(prefix="saffu-tokens-") as tmp:
         workdir = workdir_from_tokens(source, tmp)
-        predicted = workdir.split_info("train")["predicted_tokens"]
-        if config.holdout_tokens > predicted // 10:
-            config = dataclasses.replace(config, holdout_tokens=predicted // 10)
+        config = _capped_holdout(config, workdir)
         tables, _ = solve_exact(workdir, config, progress=progress)
         tables = __import__("jax").tree.map(np.asarray, tables)
-    return config, tables, source.id_map(np.zeros(0, np.int64))
+    return config, tables, source.id_map()
