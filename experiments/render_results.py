@@ -1,20 +1,25 @@
 """Results pages generated from the results files: ``results/<name>.json`` (written by the
-experiments, :mod:`results`) -> ``docs/results/<name>.md``. No figure on a page is typed by hand;
-``tests/test_results_pages.py`` regenerates every page and fails on any difference.
+experiments, :mod:`results`) -> ``docs/results/<name>.md``, and the README's generated blocks
+(the lines between ``<!-- generated: NAME -->`` and ``<!-- /generated -->``: ``headline``, the
+headline table; ``setup``, the set-up commands' measured times). No figure on a page or in a
+block is typed by hand; ``tests/test_results_pages.py`` regenerates them and fails on any
+difference.
 
-    python experiments/render_results.py            # rewrite every page
-    python experiments/render_results.py --check    # exit 1 if a page differs from its file
+    python experiments/render_results.py            # rewrite every page and the README's blocks
+    python experiments/render_results.py --check    # exit 1 if a page or a block differs from its file
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS, PAGES = ROOT / "results", ROOT / "docs" / "results"
+README = ROOT / "README.md"
 
 
 def provenance(record: dict) -> str:
@@ -59,10 +64,11 @@ Generated from [`results/budgets.json`](../../results/budgets.json) by `experime
 
 {provenance(record)}
 
-Transformer (5 layers) on babylm-2023-4src (BPE 8,192), each budget its own run with its own
-warm-up and cosine schedule; whole-dev bits per byte. Compute = training FLOPs + the solve's
+Transformer (5 layers) on babylm-2023-4src (BPE vocabulary `V` as the first column says: 8,192,
+or the corpus's largest, 30,433), each budget its own run with its own warm-up and cosine
+schedule; whole-dev bits per byte. Compute = training FLOPs + the solve's
 seconds at the run's own FLOPs per second. Multiplier = the compute a cold start of the same
-width needs to reach the run's dev loss (interpolated in log compute over the cold runs) over
+width and vocabulary needs to reach the run's dev loss (interpolated in log compute over the cold runs) over
 the run's compute; `≥`: cold never got there within the sweep (cold's largest compute over the
 run's), `≤`: the run is worse than cold's smallest budget. Train loss: the mean over the steps
 since the run's last periodic evaluation (a cross-fitted residual's on its folds' tables); dev
@@ -108,7 +114,113 @@ step-0 logits huge). `saffu-nobias`: saffu's own transformer without an output b
 """
 
 
-RENDERERS = {"soak": soak, "budgets": budgets, "any_model": any_model}
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
+
+
+def setup(record: dict) -> str:
+    f = record["figures"]
+    demo = f.get("demo_metrics") or {}
+    metrics = "\n".join(f"| `{key}` | {value:.4f} |" if isinstance(value, float) else f"| `{key}` | {value} |"
+                         for key, value in sorted(demo.items()))
+    return f"""# Set-up: the README's two commands on a fresh clone
+
+Generated from [`results/setup.json`](../../results/setup.json) by `experiments/render_results.py`.
+
+{provenance(record)}
+
+`experiments/setup_times.py` clones revision {f['revision']} beside the checkout (so `../shared`
+resolves as it does for the checkout), then runs `make demo` and `make test` there, one after
+the other. The clone has no `.venv`: the time of `make demo` includes creating it and installing
+saffu, that of `make test` installing the test extras.
+
+| command | wall time | passed | summary |
+|---|---:|---|---|
+| `make demo` | {_duration(f['demo_seconds'])} | {'yes' if f['demo_ok'] else 'NO'} | |
+| `make test` | {_duration(f['test_seconds'])} | {'yes' if f['test_ok'] else 'NO'} | {f['test_summary']} |
+""" + (f"""
+What `make demo` wrote to `runs/demo/metrics.json`:
+
+| figure | value |
+|---|---:|
+{metrics}
+""" if metrics else "")
+
+
+RENDERERS = {"soak": soak, "budgets": budgets, "any_model": any_model, "setup": setup}
+
+
+def _load(name: str) -> dict | None:
+    path = RESULTS / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+HEADLINE_STARTS = {"cold": "cold (random init)", "explicit-init": "explicit init",
+                   "residual-crossfit": "explicit residual, cross-fitted"}
+
+
+def headline_block() -> str:
+    """The README's headline table: the budget sweep's one-epoch runs at width 128, seed 0
+    (cold, explicit init, cross-fitted residual) and the two penzai models of the any-model run
+    (random against explicit init), at most five rows, each linking its results page."""
+    rows = []
+    budgets = _load("budgets")
+    if budgets:
+        picked = {r["start"]: r for r in budgets["figures"]["rows"]
+                  if r["width"] == 128 and r["epochs"] == 1 and r["seed"] == 0 and r["start"] in HEADLINE_STARTS}
+        for start, label in HEADLINE_STARTS.items():
+            if start not in picked:
+                continue
+            r = picked[start]
+            bound = {"interpolated": "", "beyond": "≥ ", "before": "≤ "}.get(r.get("multiplier_is"), "")
+            versus = f"compute multiplier {bound}{r['multiplier']:.2f}×" if "multiplier" in r else "the reference"
+            rows.append(f"| saffu's transformer, width {r['width']}, {r['epochs']} epoch | {label} | "
+                        f"{r['dev_bpb']:.4f} | {versus} | {r.get('finished', budgets['date'])[:10]} | "
+                        f"[budgets](docs/results/budgets.md) |")
+    any_model = _load("any_model")
+    if any_model:
+        f = any_model["figures"]
+        for model, name in (("llama", "penzai's Llama-like"), ("neox", "penzai's GPT-NeoX")):
+            if f"{model}_random_dev_bpb" not in f:
+                continue
+            rows.append(f"| {name}, {f[model + '_steps']} steps (one epoch) | random init → explicit init | "
+                        f"{f[model + '_random_dev_bpb']:.4f} → {f[model + '_explicit_dev_bpb']:.4f} | "
+                        f"explicit init reaches random init's final loss in {f[model + '_explicit_share_of_steps']:.0%} of the steps | "
+                        f"{any_model['date']} | [any_model](docs/results/any_model.md) |")
+    if not rows:
+        return "No results file yet: run the experiments that write `results/budgets.json` and `results/any_model.json`.\n"
+    return ("| model, budget | start | whole-dev bits/byte | against the cold start | measured | figures |\n"
+            "|---|---|---:|---|---|---|\n" + "\n".join(rows[:5]) + "\n")
+
+
+def setup_block() -> str:
+    """The README's set-up times: ``make demo`` and ``make test`` on a fresh clone."""
+    record = _load("setup")
+    if record is None:
+        return "Times: not measured yet: run `python experiments/setup_times.py`.\n"
+    f, load = record["figures"], record["load"]
+    status = {True: "passed", False: "FAILED"}
+    return (f"Measured on a fresh clone of revision {f['revision']} on {record['date']} "
+            f"({record['machine']['cores']} cores; 1-minute load average "
+            f"{load.get('load_average_1min_before', float('nan')):.1f} before, "
+            f"{load.get('load_average_1min_after', float('nan')):.1f} after), each including its install: "
+            f"`make demo` {_duration(f['demo_seconds'])} ({status[bool(f['demo_ok'])]}), "
+            f"`make test` {_duration(f['test_seconds'])} ({f['test_summary']}). "
+            f"[Details](docs/results/setup.md).\n")
+
+
+README_BLOCKS = {"headline": headline_block, "setup": setup_block}
+BLOCK = re.compile(r"^<!-- generated: (?P<name>[\w-]+) -->\n(?P<body>.*?)^<!-- /generated -->$", re.M | re.S)
+
+
+def render_readme(text: str) -> str:
+    """``text`` with every generated block's body rendered again from the results files."""
+    def body(match: re.Match) -> str:
+        name = match["name"]
+        if name not in README_BLOCKS:
+            raise SystemExit(f"README.md: unknown generated block {name!r} (known: {', '.join(README_BLOCKS)})")
+        return f"<!-- generated: {name} -->\n{README_BLOCKS[name]()}<!-- /generated -->"
+    return BLOCK.sub(body, text)
 
 
 def pages() -> dict[Path, str]:
@@ -121,12 +233,17 @@ def pages() -> dict[Path, str]:
     return out
 
 
+def outputs() -> dict[Path, str]:
+    """Every generated file: the results pages and the README with its blocks rendered."""
+    return {**pages(), README: render_readme(README.read_text())}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only compare; exit 1 on a difference")
     args = parser.parse_args(argv)
     stale = []
-    for path, text in pages().items():
+    for path, text in outputs().items():
         if path.exists() and path.read_text() == text:
             continue
         stale.append(path)
