@@ -9,7 +9,7 @@ TESTS := $(VENV)/.installed-test-$(HASH)
 # the package for scripts run from its parent folder
 EDITABLE := --config-settings editable_mode=compat
 
-.PHONY: demo test test-slow test-all clean
+.PHONY: demo lint test test-slow test-all clean
 
 $(VENV)/bin/pip:
 	$(PYTHON) -m venv $(VENV)
@@ -26,8 +26,13 @@ $(TESTS): pyproject.toml | $(VENV)/bin/pip
 demo: $(BASE)
 	$(VENV)/bin/saffu demo --workdir runs/demo --metrics-json runs/demo/metrics.json
 
-# the fast suite (about 5 minutes here); the slow one runs the real corpus, the notebooks and long CLI runs
-test: $(TESTS)
+# the linters (ruff; import-linter's layers contract, pyproject.toml), then the fast suite; the
+# slow one runs the real corpus, the notebooks and long CLI runs
+lint: $(TESTS)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
+
+test: lint
 	$(VENV)/bin/python -m pytest -q -m "not slow"
 
 test-slow: $(TESTS)

@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np
 
 from saffu.interop.init import FOLD_SHARE
+from saffu.models.interface import model_init
 
 MODELS = ("llama", "neox", "llama-tied", "saffu-nobias")
 INITS = ("random", "explicit", "random-rms")
@@ -135,8 +136,18 @@ class SaffuNoBias:
         from saffu.configs import TransformerConfig
         object.__setattr__(self, "config", TransformerConfig(self.vocab_size, output_bias=False))
 
-    def __getattr__(self, name):                  # context, init, logits, forward_flops, eval_seq_len, kind
+    kind = "external"                             # a model with its own init and logits
+
+    def __getattr__(self, name):                  # context, forward_flops, eval_seq_len, the config's fields
         return getattr(self.__dict__["config"], name)
+
+    def init(self, key) -> dict:
+        from saffu.models.interface import model_init
+        return model_init(self.config, key)
+
+    def logits(self, params: dict, tokens):
+        from saffu.models.interface import model_logits
+        return model_logits(self.config, params, tokens)
 
     def selectors(self) -> dict:
         return {"embedding": "embed/embedding", "output": "output/kernel"}
@@ -196,7 +207,7 @@ def run_one(name: str, init: str, args) -> dict:
     run = args.out / "runs" / f"{name}_{variant}_s{args.seed}_{args.steps or 'e1'}"
     if (run / "result.json").exists():
         return json.loads((run / "result.json").read_text())
-    params = model.init(jax.random.key(args.seed))
+    params = model_init(model, jax.random.key(args.seed))
     stream = workdir.tokens(workdir.train_split)
     solve_seconds = 0.0
     if init == "random-rms":            # the ablation: random embeddings at the explicit ones' scale
@@ -268,7 +279,8 @@ def summarise(results: list[dict]) -> dict:
 
 
 def table(figures: dict) -> str:
-    rows = ["| model | steps | random dev bits/byte | explicit dev bits/byte | gain | explicit's steps to random's final loss |",
+    rows = ["| model | steps | random dev bits/byte | explicit dev bits/byte | gain "
+            "| explicit's steps to random's final loss |",
             "|---|---:|---:|---:|---:|---:|"]
     for name in MODELS:
         if f"{name}_gain_bpb" in figures:

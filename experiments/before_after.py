@@ -97,7 +97,7 @@ def main(argv=None):
                                capture_output=True)
     summary = {}
     for rev, rows in results.items():
-        median = lambda key: statistics.median(r[key] for r in rows)
+        median = lambda key, rows=rows: statistics.median(r[key] for r in rows)
         epoch_seconds = train_tokens / median("train_tokens_per_s")
         summary[rev] = {"help_seconds": median("help_seconds"), "solve_seconds": median("solve_seconds"),
                         "train_tokens_per_s": median("train_tokens_per_s"), "epoch_seconds": epoch_seconds,

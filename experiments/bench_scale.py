@@ -33,7 +33,7 @@ def worker(task: dict) -> dict:
     from saffu.engine.accumulators import accumulate_states
     from saffu.engine.distributed import local_mesh
     from saffu.models.saffu import SaffuConfig, init_params
-    from saffu.solve.saffu import solve_explicit
+    from saffu.solve.stack import solve_explicit
     from saffu.training.trainer import TrainConfig, data_parallel_mesh, train
 
     workdir = open_workdir(task["workdir"])

@@ -17,12 +17,12 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np  # noqa: E402
-import scipy.sparse  # noqa: E402
+import numpy as np
+import scipy.sparse
 
-from saffu import accumulate_states, local_mesh, offset_cooccurrence, open_workdir, sparse_bit_cipher  # noqa: E402
-from saffu._io import write_metrics  # noqa: E402
-from saffu.data.tokenizer import EOD_ID, PAD_ID  # noqa: E402
+from saffu import accumulate_states, local_mesh, offset_cooccurrence, open_workdir, sparse_bit_cipher
+from saffu._io import write_metrics
+from saffu.data.tokenizer import EOD_ID, PAD_ID
 
 
 def parse_args(argv=None):

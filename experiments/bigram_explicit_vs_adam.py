@@ -21,12 +21,22 @@ import jax
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
-from saffu import (BigramConfig, CipherConfig, TrainConfig, bigram_nll, fit_explicit_bigram,  # noqa: E402
-                   open_workdir, pair_counts, random_bigram, split_metrics, train)
-from saffu._io import atomic_write_json, write_metrics  # noqa: E402
+from saffu import (
+    BigramConfig,
+    CipherConfig,
+    TrainConfig,
+    bigram_nll,
+    fit_explicit_bigram,
+    open_workdir,
+    pair_counts,
+    random_bigram,
+    split_metrics,
+    train,
+)
+from saffu._io import atomic_write_json, write_metrics
 
 
 def main(argv=None):

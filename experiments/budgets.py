@@ -24,6 +24,14 @@ done in the time the solve took).
     taskset -c 0 python experiments/budgets.py --workdir runs/babylm --out runs/budgets --next 1
     python experiments/budgets.py --workdir runs/babylm --out runs/budgets --runs cold:4:128:0
     python experiments/budgets.py --out runs/budgets --report      # results/budgets.json, the plot, the table
+
+A real vocabulary size: the same runs on a work directory of another vocabulary (``babylm50k``:
+``saffu prepare ... --vocab-size 50000 --allow-smaller-vocab``, which the corpus caps at
+30,433) go to their own ``--out``; every row records its vocabulary, the multipliers compare
+runs of one width and one vocabulary, and ``--report --also`` gathers several ``--out``::
+
+    taskset -c 0 python experiments/budgets.py --workdir runs/babylm50k --out runs/budgets50k --runs cold:1:128:0
+    python experiments/budgets.py --out runs/budgets --also runs/budgets50k --report
 """
 
 from __future__ import annotations
@@ -37,8 +45,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import warm_transformer as wt  # noqa: E402
-from results import RESULTS, write_result  # noqa: E402
+import warm_transformer as wt
+
+from results import RESULTS, write_result
+
+#: The vocabulary of the work directory every run made before rows recorded their own
+#: (babylm-2023-4src, BPE 8,192).
+FIRST_VOCAB = 8192
 
 #: The learning rate of each start: the probe of :mod:`warm_transformer` (25% of the training
 #: data, rates 0.003 / 0.01 / 0.03, one epoch, seed 0) chose 0.01 for cold and explicit init and
@@ -98,7 +111,7 @@ DERIVED = ("cold_compute_to_match", "multiplier", "multiplier_is")
 
 
 def key(row: dict) -> tuple:
-    return row["start"], row["epochs"], row["width"], row["seed"], row["learning_rate"]
+    return row["start"], row["epochs"], row["width"], row["seed"], row["learning_rate"], row["vocab_size"]
 
 
 def recorded_rows() -> list[dict]:
@@ -107,29 +120,31 @@ def recorded_rows() -> list[dict]:
     path = RESULTS / "budgets.json"
     if not path.exists():
         return []
-    return [{k: v for k, v in row.items() if k not in DERIVED}
+    return [{"vocab_size": FIRST_VOCAB, **{k: v for k, v in row.items() if k not in DERIVED}}
             for row in json.loads(path.read_text())["figures"]["rows"]]
 
 
-def cold_curve(rows: list[dict], width: int) -> list[tuple[float, float]]:
-    """Cold's ``(compute, whole-dev bits per byte)`` per budget at ``width``, seeds averaged."""
-    budgets = sorted({r["epochs"] for r in rows if r["start"] == "cold" and r["width"] == width})
+def cold_curve(rows: list[dict], width: int, vocab_size: int = FIRST_VOCAB) -> list[tuple[float, float]]:
+    """Cold's ``(compute, whole-dev bits per byte)`` per budget at ``width`` and ``vocab_size``,
+    seeds averaged."""
+    cold = [r for r in rows if r["start"] == "cold" and r["width"] == width and r["vocab_size"] == vocab_size]
     curve = []
-    for epochs in budgets:
-        group = [r for r in rows if r["start"] == "cold" and r["width"] == width and r["epochs"] == epochs]
+    for epochs in sorted({r["epochs"] for r in cold}):
+        group = [r for r in cold if r["epochs"] == epochs]
         curve.append((sum(r["compute"] for r in group) / len(group), sum(r["dev_bpb"] for r in group) / len(group)))
     return curve
 
 
-def report(out: Path, write: bool = True) -> dict:
-    """Every finished run of the sweep — this machine's under ``out/runs`` and the rows of
-    ``results/budgets.json`` from earlier sessions — as a table with the multipliers,
-    ``results/budgets.json`` and ``docs/results/budgets.png``."""
+def report(out: Path, write: bool = True, also: tuple[Path, ...] = ()) -> dict:
+    """Every finished run of the sweep — this machine's under ``out/runs`` (and each of
+    ``also``'s) and the rows of ``results/budgets.json`` from earlier sessions — as a table
+    with the multipliers, ``results/budgets.json`` and ``docs/results/budgets.png``."""
     runs = []
-    for path in sorted((out / "runs").glob("*/result.json")):
-        r = json.loads(path.read_text())
-        finished = datetime.datetime.fromtimestamp(path.stat().st_mtime, datetime.timezone.utc)
-        runs.append({**r, "finished": finished.isoformat(timespec="seconds")})
+    for folder in (out, *also):
+        for path in sorted((folder / "runs").glob("*/result.json")):
+            r = json.loads(path.read_text())
+            finished = datetime.datetime.fromtimestamp(path.stat().st_mtime, datetime.UTC)
+            runs.append({**r, "finished": finished.isoformat(timespec="seconds"), "out": str(folder)})
     runs = [r for r in runs if r["variant"] in STARTS and r.get("fraction", 1.0) == 1.0]
     rows = []
     for r in runs:
@@ -140,24 +155,28 @@ def report(out: Path, write: bool = True) -> dict:
                      "last_dev_window_loss": last["dev_loss"], "train_seconds": last["seconds"],
                      "solve_seconds": r["solve_seconds"], "flops": last["flops"], "compute": compute(r),
                      "steps": last["step"], "trained_params": r["trained_params"], "finished": r["finished"],
-                     "reproduce": f"python experiments/budgets.py --workdir runs/babylm --out {out} --runs "
+                     "vocab_size": r.get("vocab_size", FIRST_VOCAB),
+                     "reproduce": f"python experiments/budgets.py --workdir {r.get('workdir', 'runs/babylm')} "
+                                  f"--out {r['out']} --runs "
                                   f"{r['variant']}:{r.get('epochs', 1)}:{r.get('width', 128)}:{r['seed']}"})
     here = {key(row) for row in rows}
     rows += [row for row in recorded_rows() if key(row) not in here]
     if not rows:
         raise SystemExit(f"no finished runs under {out / 'runs'} or in {RESULTS / 'budgets.json'}")
-    rows.sort(key=lambda row: (row["width"], row["epochs"], STARTS.index(row["start"]), row["seed"]))
+    rows.sort(key=lambda row: (row["vocab_size"], row["width"], row["epochs"], STARTS.index(row["start"]),
+                               row["seed"]))
     for row in rows:
-        cold = cold_curve(rows, row["width"])
+        cold = cold_curve(rows, row["width"], row["vocab_size"])
         if row["start"] in EXPLICIT and cold:
             need, how = cold_compute_to_reach(cold, row["dev_bpb"])
             row.update(cold_compute_to_match=need, multiplier=need / row["compute"], multiplier_is=how)
-    lines = ["| width | epochs | start | seed | lr | dev bits/byte | train loss (nats) | dev windows (nats) | "
-             "seconds (solve) | compute (FLOPs) | multiplier |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| V | width | epochs | start | seed | lr | dev bits/byte | train loss (nats) | dev windows (nats) | "
+             "seconds (solve) | compute (FLOPs) | multiplier |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         bound = {"interpolated": "", "beyond": "≥ ", "before": "≤ "}.get(row.get("multiplier_is"), "")
         multiplier = f"{bound}{row['multiplier']:.2f}×" if "multiplier" in row else "–"
-        lines.append(f"| {row['width']} | {row['epochs']} | {row['start']} | {row['seed']} | {row['learning_rate']:g} | "
+        lines.append(f"| {row['vocab_size']:,} | {row['width']} | {row['epochs']} | {row['start']} | {row['seed']} | "
+                     f"{row['learning_rate']:g} | "
                      f"{row['dev_bpb']:.4f} | {row['train_loss']:.3f} | {row['last_dev_window_loss']:.3f} | "
                      f"{row['train_seconds']:,.0f} "
                      f"({row['solve_seconds']:,.0f}) | {row['compute']:.3e} | {multiplier} |")
@@ -179,11 +198,14 @@ def _plot(rows: list[dict], path: Path) -> str:
     colours = {"cold": "tab:gray", "explicit-init": "tab:blue", "residual": "tab:red", "residual-crossfit": "tab:brown"}
     figure, axis = plt.subplots(figsize=(7.5, 4.5))
     for start in STARTS:
-        for width, marker in ((128, "o"), (256, "s")):
-            points = sorted((r["compute"], r["dev_bpb"]) for r in rows
-                            if r["start"] == start and r["width"] == width and r["seed"] == 0)
+        for width, vocab, marker, line in ((128, FIRST_VOCAB, "o", "-"), (256, FIRST_VOCAB, "s", "-"),
+                                           *((128, v, "^", "--") for v in sorted({r["vocab_size"] for r in rows})
+                                             if v != FIRST_VOCAB)):
+            points = sorted((r["compute"], r["dev_bpb"]) for r in rows if r["start"] == start and r["width"] == width
+                            and r["vocab_size"] == vocab and r["seed"] == 0)
             if points:
-                axis.plot(*zip(*points), marker=marker, color=colours[start], label=f"{start}, width {width}")
+                axis.plot(*zip(*points), marker=marker, linestyle=line, color=colours[start],
+                          label=f"{start}, width {width}" + (f", V {vocab:,}" if vocab != FIRST_VOCAB else ""))
     axis.set_xscale("log")
     axis.set_xlabel("compute: training FLOPs + the solve at the run's FLOPs/s")
     axis.set_ylabel("whole-dev bits per byte")
@@ -209,6 +231,8 @@ def main(argv=None):
     parser.add_argument("--exact-run", type=Path, help="an existing `saffu exact` run of the whole training split")
     parser.add_argument("--folds", type=int, default=2, help="folds of residual-crossfit")
     parser.add_argument("--report", action="store_true", help="gather the finished runs (results/budgets.json)")
+    parser.add_argument("--also", type=Path, nargs="+", default=[], help="with --report: further --out folders "
+                        "(e.g. the runs of another vocabulary)")
     parser.add_argument("--no-write", action="store_true", help="with --report: print only")
     args = parser.parse_args(argv)
     todo = []
@@ -220,8 +244,12 @@ def main(argv=None):
             parser.error(f"--runs takes START:EPOCHS:WIDTH:SEED, got {spec!r}")
         if start not in STARTS:
             parser.error(f"unknown start {start!r}; one of {', '.join(STARTS)}")
+    vocab = FIRST_VOCAB
+    if args.workdir is not None:
+        from saffu.data.workdir import open_workdir
+        vocab = open_workdir(args.workdir).vocab_size
     recorded = {key(row): row for row in recorded_rows()}
-    finished = lambda run: result(args.out, *run, RATES[run[0]]) or recorded.get((*run, RATES[run[0]]))
+    finished = lambda run: result(args.out, *run, RATES[run[0]]) or recorded.get((*run, RATES[run[0]], vocab))
     pending = [run for run in GRID if finished(run) is None]
     if args.plan:
         for run in GRID:
@@ -237,7 +265,7 @@ def main(argv=None):
                 "--folds", str(args.folds)] + (["--exact-run", str(args.exact_run)] if args.exact_run else [])
         wt.main(argv)
     if args.report:
-        report(args.out, write=not args.no_write)
+        report(args.out, write=not args.no_write, also=tuple(args.also))
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
 """The Dirichlet strength μ of the explicit SAFFU solver, chosen on held-out *training* data.
 
-For each μ the default SAFFU model is solved explicitly (:func:`saffu.solve.saffu.solve_explicit`)
+For each μ the default SAFFU model is solved explicitly (:func:`saffu.solve.stack.solve_explicit`)
 and scored on the held-out tail of the training stream that the solver keeps out of its counts
 to calibrate temperatures (``SolverConfig.holdout_tokens``): the calibrated holdout loss is the
 criterion, so dev is never looked at. The solver's default μ is the minimum this script finds;
-its table is quoted in ``SolverConfig``'s docstring and the README.
+its table is what ``SolverConfig``'s default ``mu`` rests on.
 
     python experiments/choose_mu.py --workdir runs/babylm --out runs/choose_mu
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 from saffu._io import atomic_write_json, write_metrics
 from saffu.configs import SaffuConfig, Smoothing, SolverConfig
 from saffu.data.workdir import open_workdir
-from saffu.solve.saffu import solve_explicit
+from saffu.solve.stack import solve_explicit
 
 
 def main(argv=None):

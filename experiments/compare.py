@@ -14,7 +14,7 @@ training windows:
 Outputs in ``--out``: ``results.json`` (per model ``dev_bpb``, ``dev_ppl``, ``dev_loss``,
 ``blimp_accuracy``, ``train_seconds``, ``total_seconds``, ``flops``, ``xla_flops``, ``params``,
 ``tokens_per_s``, ``peak_rss_mb`` and the dev curve), ``curves.png`` (dev bits per byte against
-steps, tokens, seconds and FLOPs), ``blimp.png``, ``table.md`` (the README table) and the
+steps, tokens, seconds and FLOPs), ``blimp.png``, ``table.md`` (the comparison table) and the
 equal-seconds verdicts of the issue's targets. Curves use the trainer's evenly spaced dev
 windows (bits per byte from the split's bytes per token); final figures score the whole dev
 split (or the ``--dev-tokens`` subset). Rerunning skips finished runs (delete ``--out`` to redo).
@@ -36,7 +36,6 @@ from pathlib import Path
 import numpy as np
 
 from saffu._io import SaffuError, atomic_write_json, write_metrics
-
 
 SAFFU_ARCH = ["--radius", "8", "--heads", "1", "--positions", "2", "--bits", "128"]
 
@@ -149,7 +148,8 @@ def main(argv=None):
                                            checkpoint, "--quiet", "--metrics-json", str(path)], log))["blimp_accuracy"]
 
     # explicit SAFFU, then the warm start from it
-    m = cached(out / "explicit.json", lambda: saffu(["fit", *W, "--run", str(out / "warm"), *SAFFU_ARCH, "--quiet", "--eval-tokens", "0",
+    m = cached(out / "explicit.json", lambda: saffu(["fit", *W, "--run", str(out / "warm"), *SAFFU_ARCH, "--quiet",
+                                                     "--eval-tokens", "0",
                                                      "--metrics-json", str(out / "explicit.json")], log))
     solve_seconds, solve_flops = m["seconds"], m["flops"]
     results["explicit"] = {"dev_bpb": m["dev_bpb"], "dev_ppl": m["dev_ppl"], "dev_loss": m["dev_loss"],
@@ -159,7 +159,8 @@ def main(argv=None):
 
     def trained(name, run, flags, seconds_offset=0.0, flops_offset=0.0, xla_offset=0.0, score_blimp=True):
         path = out / f"{name}.json"
-        m = cached(path, lambda: saffu(["train", *W, "--run", str(run), *flags, *train_flags, "--quiet", "--eval-tokens", "0",
+        m = cached(path, lambda: saffu(["train", *W, "--run", str(run), *flags, *train_flags, "--quiet",
+                                        "--eval-tokens", "0",
                                         "--metrics-json", str(path)], log))
         points = curve(run, bytes_per_token, seconds_offset, flops_offset)
         return {"dev_bpb": m["dev_bpb"], "dev_ppl": m["dev_ppl"], "dev_loss": m["dev_loss"],
@@ -295,4 +296,4 @@ if __name__ == "__main__":
     try:
         main()
     except SaffuError as err:
-        raise SystemExit(f"compare: error: {err}")
+        raise SystemExit(f"compare: error: {err}") from None

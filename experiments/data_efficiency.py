@@ -21,7 +21,6 @@ from pathlib import Path
 
 from saffu._io import SaffuError, atomic_write_json, write_metrics
 
-
 MODELS = ("explicit", "warm", "cold", "transformer", "kneser_ney")
 
 
@@ -120,4 +119,4 @@ if __name__ == "__main__":
     try:
         main()
     except SaffuError as err:
-        raise SystemExit(f"data_efficiency: error: {err}")
+        raise SystemExit(f"data_efficiency: error: {err}") from None

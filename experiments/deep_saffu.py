@@ -17,7 +17,7 @@ processes (one per core) can share ``--out``:
 * ``inheritune``: the first ``L/2`` blocks of a trained ``L``-block reference (``--reference``,
   default: the warm ``L = max(--train-blocks)`` run) trained one epoch, then grown one block at a
   time — a block solved explicitly on top of the trained stack (``--grow-by solve``,
-  :func:`saffu.solve.saffu.solve_explicit` with ``below``) or the reference's next block
+  :func:`saffu.solve.stack.solve_explicit` with ``below``) or the reference's next block
   (``reference``) — each stage one more epoch, until its dev loss is at or below the
   reference's or it has the reference's depth. The same small stack trained from explicit and
   random init is the ``train`` part's ``L/2`` runs (equal training tokens per stage).
@@ -41,6 +41,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from saffu.models.interface import model_init
 
 STARTS = ("warm", "cold")
 
@@ -72,7 +74,7 @@ def explicit_part(args, source) -> None:
     """Solve the deepest stack once; save, score and profile every prefix in ``--blocks``."""
     from saffu.models.interface import parameter_count
     from saffu.models.saffu import inherit_blocks
-    from saffu.solve.saffu import solve_explicit
+    from saffu.solve.stack import solve_explicit
     from saffu.training.checkpoints import load_explicit, save_explicit_run
     deepest = _config(args, source, max(args.blocks))
     root = args.out / "explicit"
@@ -116,7 +118,7 @@ def _train(args, source, config, params, run: Path, label: dict, solve_seconds: 
     run.mkdir(parents=True, exist_ok=True)
     save_run_config(run, config, source)
     train_config = TrainConfig(learning_rate=args.learning_rate, seed=args.seed, eval_every=args.eval_every,
-                               checkpoint_every=10**9)
+                               checkpoint_every=0)
     trained, history = train(config, params, source.tokens(source.train_split), train_config, run,
                              dev_stream=source.tokens("dev"), progress=not args.quiet)
     scores = _scores(args, source, trained, config)
@@ -146,7 +148,7 @@ def train_part(args, source) -> None:
                                      f"with {blocks} in --blocks first")
                 params = load_explicit(args.out / "explicit" / f"L{blocks}", config)
             else:
-                params = config.init(jax.random.fold_in(jax.random.key(args.seed), 0))
+                params = model_init(config, jax.random.fold_in(jax.random.key(args.seed), 0))
             _train(args, source, config, params, run, {"start": start})
 
 
@@ -156,7 +158,7 @@ def _result(path: Path) -> dict | None:
 
 def inheritune_part(args, source) -> None:
     from saffu.models.saffu import grow_block, inherit_blocks
-    from saffu.solve.saffu import solve_explicit
+    from saffu.solve.stack import solve_explicit
     from saffu.training.checkpoints import load_params, load_run_config
     reference_run = args.reference or args.out / "runs" / f"warm_L{max(args.train_blocks)}"
     reference_result = _result(reference_run)
@@ -226,7 +228,8 @@ def report(args) -> None:
              for i in range(max([r["blocks"] for r in explicit], default=0))]
     table = "\n".join(rows)
     text = table + ("\n\nexplicit solve of the deepest stack: holdout loss after each block\n\n"
-                    "| block | holdout loss (nats/token) | solve seconds of the block (statistics passes + calibration) |\n|---:|---:|---:|\n" + "\n".join(depth)
+                    "| block | holdout loss (nats/token) | solve seconds of the block (statistics passes + calibration) |"
+                    "\n|---:|---:|---:|\n" + "\n".join(depth)
                     + f"\n\nsolve seconds (all blocks): {solve.get('seconds', float('nan')):.1f}\n" if explicit else "\n")
     (args.out / "report.md").write_text(text)
     (args.out / "report.json").write_text(json.dumps({"solve": solve, "explicit": explicit, "trained": [

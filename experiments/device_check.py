@@ -55,9 +55,8 @@ from saffu.configs import SaffuConfig, SolverConfig, TrainConfig
 from saffu.data.workdir import open_workdir, subset_workdir
 from saffu.engine.accumulators import accumulate_states, offset_cooccurrence, unigram_counts
 from saffu.engine.codes import sparse_bit_cipher
-from saffu.solve.saffu import solve_explicit
+from saffu.solve.stack import solve_explicit
 from saffu.training.trainer import train
-
 
 #: Settings that must match between a run and its ``--reference`` for the comparison to mean anything.
 SETTINGS = ("train_tokens", "dev_tokens", "bits", "radius", "steps", "batch_size", "seq_len",

@@ -8,13 +8,13 @@ reference's architecture with ``--layers`` blocks (default: half the reference's
 each, the same learning rate, batches and seed:
 
 * ``inherit``: token embeddings, positions, the first blocks, final norm and output layer of the
-  reference (:func:`saffu.models.transformer.inherit_layers`);
+  reference (:func:`saffu.training.recipes.inherit`);
 * ``scratch``: random init;
 * ``explicit``: explicit init (output bias = log unigram, embeddings and output kernel from the
-  explicit factors, :func:`saffu.models.transformer.explicit_transformer_init`).
+  explicit factors, :func:`saffu.training.recipes.explicit_transformer_start`).
 
 With ``--grow``, the inherited model is then grown by the reference's next block
-(:func:`saffu.models.transformer.grow_layer`) and trained one more epoch, until its full-dev loss
+(:func:`saffu.training.recipes.grow`) and trained one more epoch, until its full-dev loss
 is at or below the reference's or it has the reference's depth. Every stage is scored on the
 whole dev split and its attention profiled (:mod:`saffu.eval.attention`). Finished stages are
 skipped on a rerun, so several processes can share ``--out`` (say one variant per core).
@@ -29,10 +29,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import time
 from pathlib import Path
 
 import numpy as np
+
+from saffu.models.interface import model_init
 
 VARIANTS = ("inherit", "scratch", "explicit")
 
@@ -41,13 +42,11 @@ def _stage(args, source, reference, reference_params, variant: str, layers: int,
     """Train one stage (one epoch) and score it; ``start`` is ``(config, params)`` or None."""
     import jax
 
-    from saffu.configs import FactorConfig, FactorisedConfig, TrainConfig
+    from saffu.configs import TrainConfig
     from saffu.eval.attention import inspect_attention
     from saffu.eval.scoring import evaluate_split
     from saffu.models.interface import parameter_count
-    from saffu.models.transformer import explicit_transformer_init, inherit_layers
-    from saffu.solve.factors import solve_factorised
-    from saffu.training.checkpoints import save_run_config
+    from saffu.training.recipes import explicit_transformer_start, inherit, start_run
     from saffu.training.trainer import train
 
     key = jax.random.fold_in(jax.random.key(args.seed), 0)
@@ -55,21 +54,16 @@ def _stage(args, source, reference, reference_params, variant: str, layers: int,
     if start is not None:
         config, params = start
     elif variant == "inherit":
-        config, params = inherit_layers(reference_params, reference, layers)
+        config, params = inherit(reference_params, reference, layers)
     else:
         config = dataclasses.replace(reference, layers=layers)
-        params = config.init(key)
+        params = model_init(config, key)
         if variant == "explicit":
-            tick = time.perf_counter()
-            factors, _ = solve_factorised(source, FactorisedConfig(source.vocab_size, rank=config.width, positions=1),
-                                          FactorConfig(), progress=False)
-            params = explicit_transformer_init(config, key, factors)
-            solve_seconds = time.perf_counter() - tick
+            params, solve_seconds, _ = explicit_transformer_start(source, config, key)
     run = args.out / "runs" / f"{variant}_L{config.layers}"
-    run.mkdir(parents=True, exist_ok=True)
-    save_run_config(run, config, source)                      # a CLI run: saffu eval / inspect / blimp take it
+    start_run(run, config, source)                            # a CLI run: saffu eval / inspect / blimp take it
     train_config = TrainConfig(learning_rate=args.learning_rate, seed=args.seed, eval_every=args.eval_every,
-                               checkpoint_every=10**9)
+                               checkpoint_every=0)
     trained, history = train(config, params, source.tokens(source.train_split), train_config, run,
                              dev_stream=source.tokens("dev"), progress=False)
     scores = evaluate_split(trained, config, source, "dev", None, progress=False)
@@ -95,7 +89,7 @@ def _load(run: Path, config):
     import jax
 
     from saffu.training.checkpoints import load_latest_params
-    loaded = load_latest_params(run, jax.eval_shape(lambda: config.init(jax.random.key(0))))
+    loaded = load_latest_params(run, jax.eval_shape(lambda: model_init(config, jax.random.key(0))))
     if loaded is None:
         raise SystemExit(f"{run} has no training checkpoint")
     return loaded[0]
@@ -121,7 +115,7 @@ def reference_of(args, source):
 
 
 def run_variant(args, source, variant: str) -> None:
-    from saffu.models.transformer import grow_layer
+    from saffu.training.recipes import grow
     reference, reference_params, reference_scores = reference_of(args, source)
     layers = args.layers or max(1, reference.layers // 2)
     result = _finished(args, variant, layers) or _stage(args, source, reference, reference_params, variant, layers,
@@ -133,7 +127,7 @@ def run_variant(args, source, variant: str) -> None:
             run = args.out / "runs" / f"{variant}_L{result['layers']}"
             small = dataclasses.replace(reference, layers=result["layers"])
             done = _stage(args, source, reference, reference_params, variant, result["layers"] + 1,
-                          grow_layer(_load(run, small), small, reference_params, reference))
+                          grow(_load(run, small), small, reference_params, reference))
         result = done
 
 

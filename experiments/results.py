@@ -42,7 +42,7 @@ def write_result(name: str, figures: dict, seeds: list[int], load: dict | None =
     """Write ``results/<name>.json``: ``figures`` and the command (as typed, from the project
     root), the date, ``seeds``, :func:`machine` and ``load`` (e.g. the load averages seen
     before and after the run; the 1-minute load average now by default)."""
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     record = {"command": " ".join(shlex.quote(a) for a in ["python", *sys.argv]),
               "date": (started or now).strftime("%Y-%m-%d"),
               "started": (started or now).isoformat(timespec="seconds"),

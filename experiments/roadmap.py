@@ -19,15 +19,16 @@ The grid was sized to finish in under an hour on 2 shared CPU cores with the def
 Newton's calibration costs ``O(G²)`` per holdout token for ``G`` output groups, so wide
 direct outputs (8 positions, 2 heads + 4 positions) appear only with small ``b``.
 
-Each variant is :func:`saffu.solve.saffu.solve_explicit` followed by a dev evaluation, in this
+Each variant is :func:`saffu.solve.stack.solve_explicit` followed by a dev evaluation, in this
 process (no subprocesses). Nothing counted is shared between variants: every stage after the
 first reads the weights solved before it (which depend on μ, ``M`` and ``b``), and the counted
 range depends on the holdout, so only stage 1 could be shared and it costs under a second.
 Newton calibration of the direct form is capped at ``--calibration-iterations`` (default 2:
 Newton converges quadratically from β = 1 — on the 1M-token slice the temperatures of the
 b = 16 default agree to 1e-4 after 2 and 4 steps — and each step costs about as much as all
-the counting passes of a small model); the chain's L-BFGS keeps the solver's 12 iterations. The dev evaluation jits the loss with the parameters
-as arguments, so it compiles once per shape instead of once per variant.
+the counting passes of a small model); the chain's L-BFGS keeps the solver's 12 iterations. The dev
+evaluation is :func:`saffu.eval.scoring.evaluate_split` of the whole split, whose loss takes the
+parameters as arguments, so it compiles once per shape instead of once per variant.
 
 Results are appended per variant to ``variants.jsonl`` (with a fingerprint of the slice and
 its solver settings), so a rerun skips every finished variant whose slice and settings match.
@@ -41,31 +42,27 @@ the top 20 and of the Pareto front on stdout, and ``--metrics-json`` with the he
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import resource
 import sys
 import time
 from pathlib import Path
 
-import jax
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from tqdm.auto import tqdm  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+from tqdm.auto import tqdm
 
-from saffu._io import SaffuError, atomic_write_json, write_metrics  # noqa: E402
-from saffu.data.windows import total_nll  # noqa: E402
-from saffu.data.workdir import WorkDir, open_workdir, subset_workdir  # noqa: E402
-from saffu.engine.codes import min_bits  # noqa: E402
-from saffu.engine.explicit import Smoothing  # noqa: E402
-from saffu.eval.metrics import split_metrics  # noqa: E402
-from saffu.models.interface import parameter_count, window_loss  # noqa: E402
-from saffu.models.saffu import SaffuConfig  # noqa: E402
-from saffu.solve.saffu import SolverConfig, solve_explicit  # noqa: E402
-
+from saffu._io import SaffuError, atomic_write_json, write_metrics
+from saffu.data.workdir import WorkDir, open_workdir, subset_workdir
+from saffu.engine.codes import min_bits
+from saffu.engine.explicit import Smoothing
+from saffu.eval.scoring import evaluate_split
+from saffu.models.interface import parameter_count
+from saffu.models.saffu import SaffuConfig
+from saffu.solve.stack import SolverConfig, solve_explicit
 
 DEFAULT = {"radius": 8, "bits": 128, "heads": 1, "positions": 2, "hidden": 0, "value_form": "linear",
            "mu": 3000.0, "holdout_tokens": 16_384}
@@ -151,19 +148,10 @@ def model_config(v: dict, vocab_size: int) -> SaffuConfig:
                        positions=v["positions"], hidden=v["hidden"], value_form=v["value_form"])
 
 
-@functools.partial(jax.jit, static_argnums=1)
-def _window_loss(params, config, windows, mask):
-    """:func:`saffu.models.saffu.window_loss` with the parameters as arguments: one compilation per
-    shape, not per variant (closing over them would embed them as constants)."""
-    return window_loss(params, config, windows, mask)
-
-
 def evaluate_dev(params, config: SaffuConfig, workdir: WorkDir) -> dict:
-    """Loss, perplexity and bits per byte of the whole dev split (exactly
-    :func:`saffu.eval.scoring.evaluate_split`'s figures)."""
-    stream = workdir.tokens("dev")
-    nll, _ = total_nll(lambda w, m: _window_loss(params, config, w, m), stream, [(1, len(stream))], config.context)
-    return split_metrics(nll, workdir.split_info("dev"), "dev_")
+    """Loss, perplexity and bits per byte of the whole dev split
+    (:func:`saffu.eval.scoring.evaluate_split`, which also counts its targets and documents)."""
+    return evaluate_split(params, config, workdir, "dev", None, progress=False)
 
 
 def make_slice(source: WorkDir, out: Path, train_tokens: int, dev_tokens: int) -> WorkDir:

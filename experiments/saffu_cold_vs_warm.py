@@ -24,18 +24,17 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
-from saffu._io import atomic_write_json, write_metrics  # noqa: E402
-from saffu.cli import main as saffu  # noqa: E402
+from saffu._io import atomic_write_json, write_metrics
+from saffu.cli import main as saffu
 
 
 def run_once(out: Path, name: str, argv: list[str]) -> dict:
     metrics = out / f"{name}.json"
-    if not metrics.exists():
-        if saffu([*argv, "--metrics-json", str(metrics)]) != 0:
-            raise SystemExit(f"{name} failed")
+    if not metrics.exists() and saffu([*argv, "--metrics-json", str(metrics)]) != 0:
+        raise SystemExit(f"{name} failed")
     return json.loads(metrics.read_text())
 
 
@@ -97,7 +96,8 @@ def main(argv=None):
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5), sharey=True)
     for ax, key, label in zip(axes, ("step", "tokens", "seconds"), ("steps", "training tokens", "training seconds")):
-        ax.plot([r[key] for r in warm_curve], [r["dev_loss"] for r in warm_curve], color="tab:red", label="warm (explicit init)")
+        ax.plot([r[key] for r in warm_curve], [r["dev_loss"] for r in warm_curve], color="tab:red",
+                label="warm (explicit init)")
         for s, c in enumerate(cold_curves):
             ax.plot([r[key] for r in c], [r["dev_loss"] for r in c], color="tab:blue", alpha=0.6,
                     label="cold (random init)" if s == 0 else None)

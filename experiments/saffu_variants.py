@@ -16,7 +16,6 @@ from pathlib import Path
 from saffu._io import atomic_write_json, write_metrics
 from saffu.cli import main as saffu
 
-
 VARIANTS = {
     "default (M=8, P=2 positions, 1 head, linear value, Dirichlet μ=100)": [],
     "log-space value": ["--value-form", "log"],
@@ -53,7 +52,8 @@ def main(argv=None):
     write_metrics(args.metrics_json, {f"{i}_dev_bpb": r["dev_bpb"] for i, r in enumerate(results.values())})
     print("| variant | flags | dev loss | dev bits/byte | params | solve s |\n|---|---|---:|---:|---:|---:|")
     for name, r in results.items():
-        print(f"| {name} | `{r['flags']}` | {r['dev_loss']:.4f} | {r['dev_bpb']:.4f} | {r['params']:,} | {r['seconds']:.1f} |")
+        print(f"| {name} | `{r['flags']}` | {r['dev_loss']:.4f} | {r['dev_bpb']:.4f} | {r['params']:,} "
+              f"| {r['seconds']:.1f} |")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ Writes ``results/soak.json`` (figures, command, date, seed, machine, load) and p
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import os
 import sys
@@ -28,7 +29,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from results import write_result  # noqa: E402
+from results import write_result
+from saffu.models.interface import model_init
 
 #: Fields of a metrics record that are timings or memory, not results.
 VOLATILE = ("seconds", "tokens_per_s", "peak_rss_mb", "device_peak_mb")
@@ -71,7 +73,7 @@ def main(argv=None):
     from saffu.training import trainer
     from saffu.training.checkpoints import load_params
 
-    started, load_before = datetime.datetime.now(datetime.timezone.utc), os.getloadavg()[0]
+    started, load_before = datetime.datetime.now(datetime.UTC), os.getloadavg()[0]
     scratch = tempfile.TemporaryDirectory(prefix="saffu-soak-")
     root = Path(scratch.name)
     workdir = (open_workdir(args.workdir) if args.workdir else
@@ -82,7 +84,7 @@ def main(argv=None):
     base = TrainConfig(batch_size=16, seq_len=64, eval_every=args.every, checkpoint_every=args.every,
                        eval_windows=16, seed=args.seed)
     per_epoch = trainer.steps_per_epoch(len(stream) - 1, base)
-    params = model.init(jax.random.key(args.seed))
+    params = model_init(model, jax.random.key(args.seed))
 
     # the long run: RSS after each evaluation
     long_config = TrainConfig(**{**base.__dict__, "steps": args.epochs * per_epoch})
@@ -107,10 +109,8 @@ def main(argv=None):
     rss_resumes = []
     for i in range(1, args.resumes + 1):
         target["step"] = i * args.resume_every
-        try:
+        with contextlib.suppress(Stop):
             trainer.train(model, params, stream, config, root / "resumed", dev_stream=dev, progress=False)
-        except Stop:
-            pass
         rss_resumes.append(rss_mb())
     trainer.save_training_state = real_save
     resumed, _ = load_params(root / "resumed", model)

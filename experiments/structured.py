@@ -46,6 +46,8 @@ from pathlib import Path
 
 import numpy as np
 
+from saffu.models.interface import model_init, model_logits
+
 KINDS = ("lowrank", "blockdense", "blockshuffle")
 
 
@@ -115,8 +117,8 @@ def run_one(spec: dict, args, workdir) -> dict:
 
     from saffu.configs import TrainConfig
     from saffu.eval.scoring import evaluate_split
-    from saffu.models.interface import parameter_count
     from saffu.models.factorised import drop_output_guide
+    from saffu.models.interface import parameter_count
     from saffu.models.transformer import drop_guide
     from saffu.solve.factors import solve_factorised
     from saffu.training.trainer import train
@@ -125,32 +127,32 @@ def run_one(spec: dict, args, workdir) -> dict:
     extra, solve_seconds = {}, 0.0
     if spec["part"] == "transformer":
         config = _transformer_config(spec, args, workdir.vocab_size)
-        params = config.init(key)
+        params = model_init(config, key)
     elif spec["part"] == "chain":
         config = _chain_config(spec, args, workdir.vocab_size)
         if spec["init"] == "explicit":
-            from saffu.solve.saffu import solve_explicit
+            from saffu.solve.stack import solve_explicit
             tick = time.perf_counter()
             params, _ = solve_explicit(workdir, config, progress=False)
             solve_seconds = time.perf_counter() - tick
             extra["before"] = evaluate_split(params, config, workdir, "dev", args.eval_tokens, progress=False)
         else:
-            params = config.init(key)
+            params = model_init(config, key)
     else:
         config = _factorised_config(spec, args, workdir.vocab_size)
         if spec["init"] != "random":
             tick = time.perf_counter()
-            params, report = solve_factorised(workdir, config, progress=False)
+            params, _ = solve_factorised(workdir, config, progress=False)
             solve_seconds = time.perf_counter() - tick
             if spec["init"] == "explicit-embeddings":     # B's structure from the SVD of a random B
-                params = {**params, "output_factors": config.init(key)["output_factors"]}
+                params = {**params, "output_factors": model_init(config, key)["output_factors"]}
             extra["before"] = evaluate_split(params, config, workdir, "dev", args.eval_tokens, progress=False)
         else:
-            params = config.init(key)
+            params = model_init(config, key)
     run = args.out / "runs" / name_of(spec, args.seed)
     settings = TrainConfig(steps=args.steps, learning_rate=args.chain_learning_rate if spec["part"] == "chain"
                            else args.learning_rate, seed=args.seed,
-                           eval_every=args.eval_every, eval_windows=args.eval_windows, checkpoint_every=10**9)
+                           eval_every=args.eval_every, eval_windows=args.eval_windows, checkpoint_every=0)
     trained, history = train(config, params, workdir.tokens(workdir.train_split), settings, run / "train",
                              dev_stream=workdir.tokens("dev"), progress=False)
     if getattr(config, "guide_share", 0):
@@ -212,8 +214,8 @@ def latency(args, vocab_size: int) -> dict:
         if spec["training"] != "plain":        # self-guided ends as the plain structure
             continue
         config = _transformer_config(spec, args, vocab_size)
-        params = config.init(jax.random.key(0))
-        forward = jax.jit(lambda p, t, c=config: c.logits(p, t))
+        params = model_init(config, jax.random.key(0))
+        forward = jax.jit(lambda p, t, c=config: model_logits(c, p, t))
         out[f"model_w{spec['width']}_{spec['ffn']}_{spec['share']:g}"] = 1e6 * _time(forward, params, tokens) / tokens.size
     d = args.latency_width
     x = jnp.asarray(np.random.default_rng(1).normal(size=(args.latency_batch * 256, d)), jnp.float32)
@@ -268,7 +270,8 @@ def report(out: Path) -> dict:
                     row["dense_loss_at_equal_flops"] = _interpolate(dense["history"], end["flops"])
                 rows.append(row)
                 fmt = lambda v, f: "—" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, f)
-                lines.append(f"| {width} | {r['ffn']} | {r['share']:.0%} | {r['training']} | {row['seed']} | {r['params']:,} | "
+                lines.append(f"| {width} | {r['ffn']} | {r['share']:.0%} | {r['training']} | {row['seed']} "
+                             f"| {r['params']:,} | "
                              f"{r['mlp_weights']:,} | {r['dev_bpb']:.4f} | {fmt(row.get('delta_bpb'), '+.4f')} | "
                              f"{end['dev_loss']:.4f} | {fmt(row.get('dense_loss_at_equal_flops'), '.4f')} | "
                              f"{end['flops']:.3g} | {r['tokens_per_s']:,.0f} | {fmt(row['forward_us_per_token'], '.1f')} |")

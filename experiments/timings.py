@@ -2,7 +2,7 @@
 
 Each step is a real command in its own process (what a user types), timed from start to exit;
 the 1-minute load average is read before and after each, so a figure taken on a busy machine
-says so. The README's times come from this script's ``timings.md``.
+says so. Its ``timings.md`` is the table of those times.
 
     python experiments/timings.py --corpus ../shared/data/babylm/2023 --blimp ../shared/data/blimp \\
         --out runs/timings [--with-tests]
@@ -10,10 +10,10 @@ says so. The README's times come from this script's ``timings.md``.
 Steps: ``saffu --help``; ``saffu demo`` on the embedded corpus (twice: a rerun must train
 again); ``saffu prepare`` of the corpus; ``saffu stats`` (unigram, explicit bigram);
 ``saffu fit`` with its default bounded evaluation; ``saffu eval`` of the whole dev split;
-``saffu blimp``; ``saffu ngram --order 5``; and with ``--with-tests`` the README's
+``saffu blimp``; ``saffu ngram --order 5``; and with ``--with-tests`` the
 ``make test`` (and ``make test-slow``). Outputs in ``--out``: ``timings.json`` (per step
 ``seconds``, ``load_before``, ``load_after``, ``command``, and the step's own metrics where it
-writes any) and ``timings.md`` (the README table).
+writes any) and ``timings.md`` (the table).
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ import time
 from pathlib import Path
 
 from saffu._io import atomic_write_bytes, atomic_write_json, write_metrics
-
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -58,7 +57,7 @@ def saffu(*args) -> list[str]:
 
 
 def table(results: dict) -> str:
-    """The README table: step, wall time, load, command."""
+    """The timings table: step, wall time, load, command."""
     rows = ["| step | wall time | load (1-min avg, before → after) | command |", "|---|---:|---:|---|"]
     for name, r in results.items():
         seconds = r["seconds"]

@@ -49,12 +49,12 @@ import argparse
 import dataclasses
 import json
 import math
-import time
 from pathlib import Path
 
 import numpy as np
 
-from saffu.configs import FactorConfig   # imports no jax
+from saffu.configs import FactorConfig  # imports no jax
+from saffu.models.interface import model_init
 
 VARIANTS = ("cold", "explicit-init", "explicit-bias", "explicit-embed", "residual", "residual-learned",
             "residual-annealed", "kn-residual", "residual-crossfit")
@@ -117,13 +117,11 @@ def run_one(variant: str, seed: int, fraction: float, args, source, learning_rat
             run: Path | None = None, final_eval: bool = True) -> dict:
     import jax
 
-    from saffu.configs import FactorisedConfig, TrainConfig
+    from saffu.configs import TrainConfig
     from saffu.eval.scoring import evaluate_split
     from saffu.models.interface import parameter_count
-    from saffu.models.transformer import explicit_transformer_init
-    from saffu.solve.factors import solve_factorised
     from saffu.training.checkpoints import load_run_config
-    from saffu.training.recipes import residual_start, solve_folds
+    from saffu.training.recipes import explicit_transformer_start, residual_start, solve_folds
     from saffu.training.trainer import steps_per_epoch, train
 
     workdir = _workdir(source, args.out, fraction)
@@ -131,13 +129,11 @@ def run_one(variant: str, seed: int, fraction: float, args, source, learning_rat
     key = jax.random.fold_in(jax.random.key(seed), 0)
     solve_seconds, extra = 0.0, {}
     if variant == "cold":
-        config, params = base, base.init(key)
+        config, params = base, model_init(base, key)
     elif variant in PIECES:
-        tick = time.perf_counter()
-        factors, report = solve_factorised(workdir, FactorisedConfig(workdir.vocab_size, rank=base.width, positions=1),
-                                           FactorConfig(refine_steps=args.factor_refine_steps), progress=False)
-        config, params = base, explicit_transformer_init(base, key, factors, PIECES[variant])
-        solve_seconds = time.perf_counter() - tick
+        params, solve_seconds, report = explicit_transformer_start(
+            workdir, base, key, PIECES[variant], FactorConfig(refine_steps=args.factor_refine_steps))
+        config = base
         extra.update(factor_holdout_loss=report.get("holdout_loss"), factor_refine_steps=args.factor_refine_steps)
     else:
         kneser_ney = variant == "kn-residual"
@@ -173,6 +169,7 @@ def run_one(variant: str, seed: int, fraction: float, args, source, learning_rat
               "epochs": epochs, "width": base.width, "layers": base.layers,
               "trained_params": parameter_count(trained) - parameter_count(fixed),
               "train_tokens": int(len(workdir.tokens(workdir.train_split))), "solve_seconds": solve_seconds,
+              "vocab_size": workdir.vocab_size, "workdir": str(args.workdir),
               "history": history, **extra, **scores}
     if variant == "residual-learned":
         result["scale"] = float(trained["scale"])
@@ -272,7 +269,7 @@ def report(out: Path) -> dict:
                 # by definition (a seed that ends above the mean would otherwise read "not reached")
                 own = all(r in cold for r in group)
                 at = (lambda r, key, offset: r["history"][-1][key]) if own else \
-                    (lambda r, key, offset: _first_at(r["history"], target, offset, key))
+                    (lambda r, key, offset, target=target: _first_at(r["history"], target, offset, key))
                 steps = [at(r, "step", 0.0) for r in group]
                 seconds = [at(r, "seconds", r["solve_seconds"]) for r in group]
                 flops = [at(r, "flops", 0.0) for r in group]
@@ -281,7 +278,7 @@ def report(out: Path) -> dict:
                            seconds_to_target=float(np.mean(seconds)), seconds_share=float(np.mean(seconds)) / cold_seconds,
                            flops_to_target=float(np.mean(flops)), flops_share=float(np.mean(flops)) / cold_flops)
             rows.append(row)
-            share = (lambda key: f"{row[key]:.0%}" if key in row and math.isfinite(row[key]) else "not reached")
+            share = (lambda key, row=row: f"{row[key]:.0%}" if key in row and math.isfinite(row[key]) else "not reached")
             sd = f" ± {row['dev_bpb_sd']:.4f}" if len(group) > 1 else " (one seed)"
             rate = f"{learning_rate:g}" + (" (probed)" if row["probe_choice"] else "")
             lines.append(f"| {fraction:.0%} | {variant} | {rate} | {len(group)} | {row['trained_params']:,} | "
@@ -351,7 +348,7 @@ def inspect(out: Path, args, source) -> dict:
         record = run / "attention.json"
         if not record.exists():
             config = _transformer(args, source.vocab_size)
-            template = jax.eval_shape(lambda: config.init(jax.random.key(0)))
+            template = jax.eval_shape(lambda config=config: model_init(config, jax.random.key(0)))
             if run.name.startswith("residual"):            # λ is trained (so checkpointed) when learned only
                 template = {"model": template, **({"scale": jax.ShapeDtypeStruct((), "float32")}
                                                   if run.name.startswith("residual-learned") else {})}

@@ -1,14 +1,17 @@
 """saffu: explicit (closed-form) SAFFU language models in JAX.
 
-The package is laid out as the pipeline runs, imports flowing one way (top to bottom):
+The package is laid out as the pipeline runs, imports flowing one way (top to bottom; the
+``[tool.importlinter]`` layers contract in ``pyproject.toml`` enforces it in ``make test``):
 
-* ``configs`` — every configuration dataclass: the only defaults (imports no jax);
+* ``configs`` — every configuration dataclass, plain data: the only defaults (imports no jax);
 * ``data`` — corpus readers, download, BPE tokenizer, work directories (memory-mapped token
   streams, subsets, samples) and stream windows;
 * ``engine`` — bit-cipher codes, streaming accumulators (mergeable sums), devices and hosts
-  (meshes, multi-process sums), closed-form smoothing formulas, FLOP and memory accounting;
+  (meshes, multi-process sums), exact counts of distinct rows, closed-form smoothing formulas,
+  FLOP and memory accounting;
 * ``ngram`` — exact sparse n-gram counts, Kneser-Ney, ARPA files;
-* ``models`` — the shared model interface and losses, the SAFFU stack, the cipher bigram
+* ``models`` — the model interface and kind registry (``model_init``, ``model_logits``) and the
+  losses written against it, the SAFFU stack, the cipher bigram
   layer, the exact token-resolution model, the factorised model, the transformer baseline,
   the explicit residual over any of them, structured drop-ins for dense layers (low-rank, block);
 * ``solve`` — explicit solutions of the models (SAFFU stage by stage, the bigram layer, the
@@ -43,12 +46,14 @@ _EXPORTS = {
                                   "document_context", "feature_target", "merge_states", "offset_cooccurrence",
                                   "unigram_counts"],
     "saffu.engine.distributed": ["local_mesh"],
+    "saffu.engine.rows": ["merge_rows", "pair_counts", "unique_rows"],
     "saffu.engine.explicit": ["calibrate_temperature", "conditional_probabilities", "explicit_softmax_weights",
                               "unigram_prior"],
-    "saffu.ngram.counts": ["count_ngrams", "count_rows", "merge_rows"],
+    "saffu.ngram.counts": ["count_ngrams", "count_rows"],
     "saffu.ngram.kneser_ney": ["KneserNeyModel", "fit_kneser_ney"],
     "saffu.ngram.arpa": ["read_arpa", "write_arpa"],
-    "saffu.models.interface": ["parameter_count", "window_loss", "window_nll"],
+    "saffu.models.interface": ["config_from_dict", "model_init", "model_logits", "parameter_count", "window_loss",
+                               "window_nll"],
     "saffu.models.saffu": ["Saffu", "grow_block", "inherit_blocks", "init_params", "saffu_logits", "structure_chain"],
     "saffu.models.bigram": ["bigram_nll", "random_bigram"],
     "saffu.models.exact": ["exact_logits"],
@@ -57,14 +62,14 @@ _EXPORTS = {
     "saffu.models.transformer": ["Transformer", "drop_guide", "explicit_transformer_init", "grow_layer",
                                  "inherit_layers"],
     "saffu.models.residual": ["with_explicit"],
-    "saffu.solve.saffu": ["solve_explicit"],
+    "saffu.solve.stack": ["solve_explicit"],
     "saffu.solve.bigram": ["fit_explicit_bigram"],
     "saffu.solve.exact": ["solve_exact"],
     "saffu.solve.factors": ["randomized_svd", "solve_factorised"],
     "saffu.training.trainer": ["train"],
     "saffu.training.checkpoints": ["check_inputs", "load_explicit", "load_params", "pack_run", "save_explicit",
                                    "save_explicit_run"],
-    "saffu.eval.metrics": ["language_model_metrics", "pair_counts", "split_metrics"],
+    "saffu.eval.metrics": ["language_model_metrics", "split_metrics"],
     "saffu.eval.scoring": ["evaluate_split", "generate"],
     "saffu.eval.attention": ["attention_profile", "effective_rank", "inspect_attention", "layers_before_lazy",
                              "mean_attention", "offset_profile"],

@@ -2,5 +2,4 @@ import sys
 
 from saffu.cli import main
 
-
 sys.exit(main())

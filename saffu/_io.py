@@ -13,8 +13,9 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import IO, Any, Iterator, Mapping
+from typing import IO, Any
 
 
 def _umask() -> int:
@@ -167,7 +168,7 @@ def exclusive(directory: str | os.PathLike, what: str | None = None) -> Iterator
             finally:
                 _HELD[key] -= 1
             return
-        handle = open(directory / LOCK_NAME, "a+")
+        handle = open(directory / LOCK_NAME, "a+")   # noqa: SIM115 (closed by the `with` below)
     except OSError as err:
         raise SaffuError(f"cannot write {directory}: {(err.strerror or str(err)).lower()}; "
                          f"choose a writable location") from None

@@ -1,9 +1,10 @@
-"""Every configuration of the pipeline in one light module, so their defaults are the only
-defaults (the CLI reads them) and reading them never imports jax.
+"""Every configuration of the pipeline in one light module of plain data, so their defaults are
+the only defaults (the CLI reads them) and reading them never imports jax. It imports nothing
+of the package but its errors: a model config names its ``kind``, and the model code of that
+kind is found by :mod:`saffu.models.interface` (``model_init``, ``model_logits``).
 
-The stages that use them re-export them (``saffu.solve.saffu.SolverConfig`` is
-``saffu.configs.SolverConfig``); the model configs import their model code only when a
-method needs it.
+The stages that use them re-export them (``saffu.solve.stack.SolverConfig`` is
+``saffu.configs.SolverConfig``).
 """
 
 from __future__ import annotations
@@ -83,6 +84,10 @@ NUM_SPECIAL = 2
 COMPUTE_DTYPES = ("float32", "bfloat16")
 SMOOTHING_KINDS = ("dirichlet", "additive", "noise")
 VALUE_FORMS = ("linear", "log")
+#: Targets per evaluation window of every model (``eval_seq_len``; the transformer's fewer when
+#: its ``max_len`` is shorter).
+EVAL_SEQ_LEN = 256
+#: A model's parameters: a pytree of arrays keyed by name (every module's ``Params``).
 Params = dict[str, Any]
 #: The official BabyLM 2023 release archive (``saffu download``).
 BABYLM_2023_URL = "https://github.com/babylm/babylm.github.io/raw/main/babylm_data.zip"
@@ -169,9 +174,9 @@ class Smoothing:
 class BigramConfig:
     """The cipher bigram layer (:mod:`saffu.models.bigram`) and its explicit solution.
 
-    Like :class:`SaffuConfig` and :class:`TransformerConfig` it is the model's interface to
-    the trainer and the evaluators: ``context``, ``logits``, ``forward_flops`` and
-    ``fixed_params`` (parameters that are inputs, never trained: the codes).
+    Like every model config it gives the trainer and the evaluators ``context``,
+    ``forward_flops`` and ``fixed_params`` (parameters that are inputs, never trained: the
+    codes); its logits are :func:`saffu.models.interface.model_logits`'s.
 
     Attributes:
       cipher: code bits and background blend.
@@ -189,14 +194,10 @@ class BigramConfig:
     chunk_size: int = 1 << 15
     vocab_size: int = 0
 
+    kind = "bigram"
     context = 1
     fixed_params = ("codes",)
-    eval_seq_len = 256
-
-    def logits(self, params, tokens):
-        """:func:`saffu.models.bigram.bigram_logits`: ``int32[B, S]`` -> ``float32[B, S, V]``."""
-        from saffu.models.bigram import bigram_logits
-        return bigram_logits(params, tokens)
+    eval_seq_len = EVAL_SEQ_LEN
 
     def forward_flops(self, seq_len: int = 0) -> float:
         """Forward FLOPs per predicted token: the ``K × V`` output layer (2 per multiply-add)."""
@@ -240,7 +241,7 @@ class TrainConfig:
       adam_eps: Adam's epsilon.
       eval_every: steps between dev evaluations (also at the end).
       eval_windows: dev windows (evenly spaced over the split) in periodic evaluations.
-      checkpoint_every: steps between checkpoints (also at the end).
+      checkpoint_every: steps between checkpoints (also at the end; 0: at the end only).
       seed: seed of the data order (and of the random init).
       freeze: parameter names (e.g. ``attention_0``) frozen until ``thaw_step``.
       thaw_step: step at which frozen parameters start training.
@@ -278,6 +279,9 @@ class TrainConfig:
             raise SaffuError(f"compute_dtype must be one of {', '.join(COMPUTE_DTYPES)}, got {self.compute_dtype!r}")
         if self.log_every < 1:
             raise SaffuError(f"log_every must be at least 1, got {self.log_every}")
+        if self.eval_every < 1 or self.checkpoint_every < 0:
+            raise SaffuError(f"eval_every must be at least 1 and checkpoint_every at least 0 (0: at the end only), "
+                             f"got {self.eval_every} and {self.checkpoint_every}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -318,6 +322,7 @@ class SaffuConfig:
     chain_share: float = 0.32
     chain_blocks: int = 3
     kind: str = "saffu"
+    fixed_params = ("codes",)
 
     def __post_init__(self):
         if self.bits < min_bits(self.vocab_size):
@@ -374,7 +379,7 @@ class SaffuConfig:
         return len(self.cipher_positions) + self.heads
 
     @property
-    def exact_config(self) -> "ExactConfig":
+    def exact_config(self) -> ExactConfig:
         """The exact part (one single-token group per exact position, one temperature each)."""
         return ExactConfig(self.vocab_size, groups=tuple((p,) for p in self.exact_positions), buckets=(),
                            nested=False, smoothing="witten_bell", holdout_tokens=0)
@@ -384,21 +389,10 @@ class SaffuConfig:
         """Tokens of left context a prediction can depend on (``L · M``)."""
         return self.blocks * self.radius
 
-    # the model interface the trainer, evaluation and BLiMP use (shared with the transformer)
     @property
     def eval_seq_len(self) -> int:
         """Targets per evaluation window."""
-        return 256
-
-    def init(self, key) -> Params:
-        """Random init (cold start), see :func:`saffu.models.saffu.init_params`."""
-        from saffu.models.saffu import init_params
-        return init_params(self, key)
-
-    def logits(self, params: Params, tokens):
-        """:func:`saffu.models.saffu.saffu_logits`: ``int32[B, S]`` -> ``float32[B, S, V]``."""
-        from saffu.models.saffu import saffu_logits
-        return saffu_logits(params, self, tokens)
+        return EVAL_SEQ_LEN
 
     def forward_flops(self, seq_len: int = 0) -> float:
         """Analytic forward FLOPs per predicted token (2 per multiply-add): per block the
@@ -499,12 +493,7 @@ class ExactConfig:
     @property
     def eval_seq_len(self) -> int:
         """Targets per evaluation window."""
-        return 256
-
-    def logits(self, params, tokens):
-        """:func:`saffu.models.exact.exact_logits`: ``int32[B, S]`` -> ``float32[B, S, V]``."""
-        from saffu.models.exact import exact_logits
-        return exact_logits(params, self, tokens)
+        return EVAL_SEQ_LEN
 
     def forward_flops(self, seq_len: int = 0) -> float:
         """Per predicted token: the context searches are ~free; every group adds a ``V``-wide row
@@ -575,17 +564,7 @@ class FactorisedConfig(SelfGuided):
     @property
     def eval_seq_len(self) -> int:
         """Targets per evaluation window."""
-        return 256
-
-    def init(self, key) -> Params:
-        """Random init (cold start), see :func:`saffu.models.factorised.init_params`."""
-        from saffu.models.factorised import init_params
-        return init_params(self, key)
-
-    def logits(self, params: Params, tokens):
-        """:func:`saffu.models.factorised.factorised_logits`: ``int32[B, S]`` -> ``float32[B, S, V]``."""
-        from saffu.models.factorised import factorised_logits
-        return factorised_logits(params, self, tokens)
+        return EVAL_SEQ_LEN
 
     def forward_flops(self, seq_len: int = 0) -> float:
         """Per predicted token: the output factor ``2 r V`` (dense; twice its weights structured;
@@ -733,17 +712,8 @@ class TransformerConfig(SelfGuided):
 
     @property
     def eval_seq_len(self) -> int:
-        """Targets per evaluation window: 256, or fewer so the window fits ``max_len``."""
-        return min(256, self.max_len - self.context)
-
-    def init(self, key) -> Params:
-        """Random init as a pure params dict (flax's default initialisers)."""
-        from saffu.models.transformer import transformer_init
-        return transformer_init(self, key)
-
-    def logits(self, params: Params, tokens):
-        from saffu.models.transformer import transformer_logits
-        return transformer_logits(params, self, tokens)
+        """Targets per evaluation window: :data:`EVAL_SEQ_LEN`, or fewer so the window fits ``max_len``."""
+        return min(EVAL_SEQ_LEN, self.max_len - self.context)
 
     def forward_flops(self, seq_len: int) -> float:
         """Analytic forward FLOPs per predicted token (2 per multiply-add) at window length
@@ -869,10 +839,12 @@ class ResidualConfig:
 
     @property
     def fixed_params(self) -> tuple[str, ...]:
-        """Never trained: the explicit tables, and ``λ`` when it is fixed (an annealed ``λ`` is
-        a per-step input, not a parameter)."""
+        """Never trained: the explicit tables, ``f_θ``'s own fixed inputs (SAFFU's codes, kept
+        beside ``"model"``), and ``λ`` when it is fixed (an annealed ``λ`` is a per-step input,
+        not a parameter)."""
         tables = ("explicit", "folds") if self.folds else ("explicit",)
-        return tables + ("scale",) if self.scale == "fixed" else tables
+        inputs = tables + tuple(getattr(self.base, "fixed_params", ()))      # f_θ's own inputs (SAFFU's codes)
+        return inputs + ("scale",) if self.scale == "fixed" else inputs
 
     def anneal_steps(self, steps: int) -> int:
         """Steps of a ``steps``-step run that read the explicit model (all of them unless annealed)."""
@@ -896,25 +868,6 @@ class ResidualConfig:
         evaluation uses the exact model of the whole split)."""
         return {name: value for name, value in self.step_inputs(step, steps).items() if name != "fold"}
 
-    def window_pools(self, stream, seq_len: int) -> list | None:
-        """Cross-fitted: per fold, the first targets of the training windows inside it
-        (:func:`saffu.data.folds.fold_window_starts`); step ``s`` draws from pool ``s mod K``.
-        Otherwise ``None`` (windows from the whole stream)."""
-        if not self.folds:
-            return None
-        from saffu.data.folds import fold_window_starts
-        return fold_window_starts(stream, self.folds, seq_len, self.fold_blocks)
-
-    def init(self, key) -> Params:
-        """The trainable part at step 0 (:func:`saffu.models.residual.residual_init`); the
-        explicit tables are added by :func:`saffu.models.residual.with_explicit`."""
-        from saffu.models.residual import residual_init
-        return residual_init(self, key)
-
-    def logits(self, params: Params, tokens):
-        from saffu.models.residual import residual_logits
-        return residual_logits(params, self, tokens)
-
     def forward_flops(self, seq_len: int) -> float:
         """The trained model's FLOPs at inference: the trainable model's plus the explicit
         lookup's and its log-softmax (``3V``); annealed, the trainable model's alone."""
@@ -927,3 +880,147 @@ class ResidualConfig:
         if "scale" in inputs or self.scale != "annealed":
             flops += self.explicit.forward_flops(seq_len) + 3.0 * self.vocab_size
         return flops
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    """How a final evaluation scores a split (:func:`saffu.eval.scoring.evaluate_split`).
+
+    Attributes:
+      eval_tokens: score about this many tokens of each split: whole documents from evenly
+        spaced parts of it, with exact bits per byte (0: whole splits).
+    """
+
+    eval_tokens: int = 200_000
+
+
+@dataclasses.dataclass(frozen=True)
+class NgramConfig:
+    """The Kneser-Ney n-gram baseline (:mod:`saffu.ngram.kneser_ney`).
+
+    Attributes:
+      order: n-gram order, 1 to 9.
+    """
+
+    order: int = 5
+
+    def __post_init__(self):
+        if not 1 <= self.order <= 9:
+            raise SaffuError(f"--order must be between 1 and 9, got {self.order}")
+
+
+@dataclasses.dataclass(frozen=True)
+class InspectConfig:
+    """Attention diagnostics of a run (:func:`saffu.eval.attention.inspect_attention`).
+
+    Attributes:
+      split: split whose windows are averaged.
+      windows: evenly spaced windows to average over.
+      seq_len: targets per window (None: the model's evaluation length).
+      energy: energy threshold of the effective rank, in (0, 1].
+      lazy_rank: a layer is lazy when no head's rank exceeds this.
+    """
+
+    split: str = "dev"
+    windows: int = 64
+    seq_len: int | None = None
+    energy: float = 0.9
+    lazy_rank: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerateConfig:
+    """Sampling documents from a model (:func:`saffu.eval.scoring.generate`).
+
+    Attributes:
+      num_samples: documents to sample.
+      max_tokens: longest sample.
+      temperature: softmax temperature (> 0).
+      top_k: sample among the k most likely tokens (0: all).
+      seed: sampling seed.
+    """
+
+    num_samples: int = 3
+    max_tokens: int = 60
+    temperature: float = 1.0
+    top_k: int = 50
+    seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoConfig:
+    """``saffu demo``: the main job on a small corpus.
+
+    Attributes:
+      vocab_size: BPE vocabulary size.
+      bits: bit-cipher bits b (64: half the solve and training time of 128 on the small demo corpus).
+      steps: AdamW warm-start steps.
+    """
+
+    vocab_size: int = 512
+    bits: int = 64
+    steps: int = 40
+
+
+#: What a step with a non-finite loss does (:attr:`TrainConfig.on_nonfinite`).
+NONFINITE_ACTIONS = ("stop", "skip")
+#: Smoothings of the exact model (:attr:`ExactConfig.smoothing`).
+EXACT_SMOOTHINGS = ("dirichlet", "witten_bell", "kneser_ney")
+#: The values a field may take, where the config restricts them (the CLI's choices).
+FIELD_CHOICES = {(Smoothing, "kind"): SMOOTHING_KINDS, (SaffuConfig, "value_form"): VALUE_FORMS,
+                 (SaffuConfig, "chain"): STRUCTURES, (FactorisedConfig, "output"): STRUCTURES,
+                 (TransformerConfig, "ffn"): STRUCTURES, (TrainConfig, "on_nonfinite"): NONFINITE_ACTIONS,
+                 (TrainConfig, "compute_dtype"): COMPUTE_DTYPES, (ExactConfig, "smoothing"): EXACT_SMOOTHINGS,
+                 (ResidualConfig, "scale"): RESIDUAL_SCALES}
+
+INIT_KINDS = ("explicit", "random", "inherit")
+MODEL_KINDS = ("saffu", "transformer", "factorised")
+GROW_BY = ("reference", "solve")
+
+
+@dataclasses.dataclass(frozen=True)
+class StartConfig:
+    """How a training run starts (``saffu train``; :func:`saffu.training.recipes.start_training`).
+
+    Attributes:
+      init: explicit: warm start from --run's explicit solution (a transformer: from explicit
+        low-rank factors solved here, see --explicit-pieces); random: cold start; inherit: a
+        transformer or SAFFU stack from the first blocks of --reference (Inheritune)
+      model: architecture of a new run (an existing run keeps its own)
+      explicit_pieces: transformer --init explicit: output bias = log unigram, token embeddings and
+        output kernel from the explicit factors (rank = --width), rescaled to the random init's scale
+      residual: learn a residual over the exact model of this run (`saffu exact`): logits =
+        λ · log P_exact + f(context), f's output layer at zero, so step 0 is the exact model
+      bundle: with --residual: copy the exact model into the run (RUN/exact), so it survives moving
+        and re-solving the exact run (`saffu pack` does it later)
+      reference: --init inherit: a trained transformer run whose token embeddings, positions, first
+        --inherit-layers blocks, final norm and output layer start the new run; or a SAFFU stack
+        run, whose first blocks (each with its own output layer) start it
+      inherit_layers: --init inherit: blocks to take (default: half the reference's, at least 1)
+      inherit_before_lazy: --init inherit without --inherit-layers: take the blocks before the
+        reference's first lazy layer (`saffu inspect`'s profile on 64 dev windows; half when none is lazy)
+      start_from: --init inherit: grow this trained run (fewer blocks, same width) instead: all of
+        its weights, then new blocks up to --inherit-layers (default: one more), see --grow-by
+      grow_by: --start-from: the new blocks are the reference's next blocks, or (SAFFU) blocks
+        solved explicitly on top of the trained stack, which may grow past the reference's depth
+      ffn_from: start the structured transformer from this trained dense transformer run: all of
+        its weights, the MLP kernels as their SVD (trained-SVD init; the guide when self-guided)
+      devices: data-parallel over this many local devices (0: all); the batch is split over them
+    """
+
+    init: str = "random"
+    model: str = "saffu"
+    explicit_pieces: tuple[str, ...] = EXPLICIT_PIECES
+    residual: str | None = None
+    bundle: bool = False
+    reference: str | None = None
+    inherit_layers: int | None = None
+    inherit_before_lazy: bool = False
+    start_from: str | None = None
+    grow_by: str = "reference"
+    ffn_from: str | None = None
+    devices: int = 1
+
+
+FIELD_CHOICES.update({(StartConfig, "init"): INIT_KINDS, (StartConfig, "model"): MODEL_KINDS,
+                      (StartConfig, "explicit_pieces"): EXPLICIT_PIECES, (StartConfig, "grow_by"): GROW_BY})

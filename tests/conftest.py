@@ -3,9 +3,8 @@ promotion errors, and small corpora built on the fly."""
 
 import os
 
-import jax  # noqa: E402  (must follow the XLA flag)
-import pytest  # noqa: E402
-
+import jax
+import pytest
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            " --xla_force_host_platform_device_count=4").strip()

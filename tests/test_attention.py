@@ -10,8 +10,16 @@ import pytest
 from saffu._io import SaffuError
 from saffu.configs import FactorisedConfig, ResidualConfig, SaffuConfig, TransformerConfig
 from saffu.data.tokenizer import EOD_ID, PAD_ID
-from saffu.eval.attention import (attention_profile, attention_summary, effective_rank, first_visible, mean_attention,
-                                  offset_profile, top_column)
+from saffu.eval.attention import (
+    attention_profile,
+    attention_summary,
+    effective_rank,
+    first_visible,
+    mean_attention,
+    offset_profile,
+    top_column,
+)
+from saffu.models.interface import model_init
 from saffu.models.saffu import cipher_table
 
 
@@ -65,7 +73,7 @@ def _layer_norm(x, params, eps=1e-6):
 def _reference_transformer_attention(params, config, tokens):
     """Block 0's attention in float64 numpy: ``[B, H, S, S]``."""
     p = jax.tree.map(lambda x: np.asarray(x, np.float64), params)
-    B, S = tokens.shape
+    _, S = tokens.shape
     x = p["embed"]["embedding"][tokens] + p["positions"][:S]
     h = _layer_norm(x, p["blocks"][0]["attention_norm"])
     attention = p["blocks"][0]["attention"]
@@ -86,7 +94,7 @@ def _windows(workdir, count, length):
 
 def test_transformer_maps_equal_a_float64_reference_and_average_exactly(tiny_workdir):
     config = TransformerConfig(tiny_workdir.vocab_size, width=16, layers=2, heads=2, context_tokens=4, max_len=64)
-    params = config.init(jax.random.key(1))
+    params = model_init(config, jax.random.key(1))
     windows = _windows(tiny_workdir, 5, 20)
     assert (windows == EOD_ID).any()                                    # documents end inside windows
     maps, first = attention_summary(params, config, windows, batch_size=2)   # 2 + 2 + 1 (a padded batch)
@@ -105,7 +113,7 @@ def test_transformer_maps_equal_a_float64_reference_and_average_exactly(tiny_wor
 
 def test_saffu_maps_are_offsets_placed_on_positions(tiny_workdir):
     config = SaffuConfig(tiny_workdir.vocab_size, bits=10, radius=4, heads=2, blocks=2)
-    params = config.init(jax.random.key(2))
+    params = model_init(config, jax.random.key(2))
     params["blocks"][0]["attention_0"] = 3.0 * jax.random.normal(jax.random.key(5), (4, 4))
     windows = _windows(tiny_workdir, 3, 16)
     maps, first = attention_summary(params, config, windows)
@@ -143,7 +151,7 @@ def test_offset_profile_of_uniform_collapsed_and_recomputed_saffu_attention(tiny
     score collapses every query onto offset 0; a random block matches a float64 recomputation
     over the queries that see every offset."""
     config = SaffuConfig(tiny_workdir.vocab_size, bits=10, radius=4, heads=1, blocks=2)
-    params = config.init(jax.random.key(2))
+    params = model_init(config, jax.random.key(2))
     windows = _windows(tiny_workdir, 3, 24)
     params["blocks"][0]["attention_0"] = np.zeros((4, 4), np.float32)
     collapse = np.zeros((4, 4), np.float32)
@@ -182,17 +190,17 @@ def test_residual_and_factorised_models_show_their_trainable_attention(tiny_work
     base = TransformerConfig(V, width=16, layers=1, heads=2, context_tokens=4, max_len=64)
     explicit_config, explicit = exact_model_small
     residual = ResidualConfig(base, explicit_config, "unused")
-    params = {**residual.init(jax.random.key(0)), "explicit": explicit}
+    params = {**model_init(residual, jax.random.key(0)), "explicit": explicit}
     np.testing.assert_allclose(mean_attention(params, residual, windows)[0][1],
                                mean_attention(params["model"], base, windows)[0][1])
     factorised = FactorisedConfig(V, rank=8, positions=2, radius=4, heads=1)
-    maps = mean_attention(factorised.init(jax.random.key(0)), factorised, windows)
+    maps = mean_attention(model_init(factorised, jax.random.key(0)), factorised, windows)
     assert len(maps) == 1 and maps[0][0].shape == (12, 12)
     with pytest.raises(SaffuError, match="no attention"):
         mean_attention(explicit, explicit_config, windows)
     with pytest.raises(SaffuError, match="no attention"):
         no_heads = FactorisedConfig(V, rank=8, positions=2, heads=0)
-        mean_attention(no_heads.init(jax.random.key(0)), no_heads, windows)
+        mean_attention(model_init(no_heads, jax.random.key(0)), no_heads, windows)
 
 
 @pytest.fixture(scope="module")

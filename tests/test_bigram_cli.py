@@ -5,8 +5,7 @@ import sys
 import numpy as np
 import pytest
 
-from saffu import (BigramConfig, CipherConfig, TrainConfig, bigram_nll, fit_explicit_bigram, pair_counts,
-                   random_bigram, train)
+from saffu import BigramConfig, CipherConfig, TrainConfig, bigram_nll, fit_explicit_bigram, pair_counts, random_bigram, train
 from saffu.cli import main
 from saffu.engine.explicit import unigram_prior
 

@@ -10,9 +10,9 @@ from saffu import SaffuError
 from saffu.cli import main
 from saffu.data.tokenizer import EOD_ID, PAD_ID
 from saffu.eval.blimp import Pair, blimp_accuracy, document_local, load_blimp, sentence_log_probs
+from saffu.models.interface import model_init, model_logits
 from saffu.models.saffu import SaffuConfig, init_params
 from saffu.models.transformer import TransformerConfig
-
 
 SENTENCES = ["the cat sat on the mat .", "a dog", "where is the cat ?", "", "the dog sat on the log . " * 3,
              "a dog", "cats", "the cat sat on the mat ."]
@@ -21,7 +21,7 @@ SENTENCES = ["the cat sat on the mat .", "a dog", "where is the cat ?", "", "the
 def _direct_scores(params, config, tokenizer, sentences, length=48):
     """Each sentence alone after ``<pad> … <eod>`` (then ``<pad>`` to a fixed length, unseen by
     the causal models), one row per call, log-softmax in float64."""
-    logits_of = jax.jit(config.logits)
+    logits_of = jax.jit(lambda params, tokens: model_logits(config, params, tokens))
     out = []
     for sentence in sentences:
         ids = tokenizer.encode(sentence).ids
@@ -51,7 +51,7 @@ def test_sentence_scores_match_a_direct_forward(tiny_workdir, model, pack, monke
     if pack and not document_local(config):
         pytest.skip("a transformer's absolute positions change when sentences are packed")
     params = init_params(config, jax.random.key(0), scale=0.5) if config.kind == "saffu" \
-        else config.init(jax.random.key(0))
+        else model_init(config, jax.random.key(0))
     tokenizer = tiny_workdir.tokenizer()
     monkeypatch.setattr(saffu.eval.blimp, "PACKED_ROW", 16)         # several rows, one longer sentence
     got = sentence_log_probs(params, config, tokenizer, SENTENCES, batch_size=2, progress=False, pack=pack)

@@ -8,7 +8,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
 
-from budgets import GRID, cold_compute_to_reach, compute  # noqa: E402
+from budgets import GRID, cold_compute_to_reach, compute
 
 
 def test_cold_compute_is_interpolated_in_log_compute():
@@ -47,5 +47,8 @@ def test_cold_seeds_of_one_budget_are_averaged():
             {"start": "cold", "width": 128, "epochs": 4, "compute": 6.0, "dev_bpb": 1.7},
             {"start": "cold", "width": 128, "epochs": 1, "compute": 1.0, "dev_bpb": 2.0},
             {"start": "cold", "width": 256, "epochs": 1, "compute": 9.0, "dev_bpb": 1.5},
+            {"start": "cold", "width": 128, "epochs": 1, "compute": 3.0, "dev_bpb": 2.5, "vocab_size": 30433},
             {"start": "explicit-init", "width": 128, "epochs": 1, "compute": 1.1, "dev_bpb": 1.9}]
+    rows = [{"vocab_size": 8192, **row} for row in rows]
     assert cold_curve(rows, 128) == [(1.0, 2.0), (5.0, pytest.approx(1.75))]
+    assert cold_curve(rows, 128, 30433) == [(3.0, 2.5)]           # another vocabulary: a curve of its own

@@ -55,7 +55,7 @@ def test_help_shows_defaults_and_says_what_mu_belongs_to(command, shown):
 @pytest.mark.parametrize("command", ["eval", "generate", "blimp"])
 def test_every_command_has_a_description(command):
     out = subprocess.run([sys.executable, "-m", "saffu", command, "--help"], capture_output=True, text=True).stdout
-    usage, _, rest = out.partition("\n\n")
+    _, _, rest = out.partition("\n\n")
     assert rest.split("\n")[0].strip() and not rest.startswith("options:")
 
 
@@ -91,7 +91,7 @@ def test_written_files_follow_the_umask(tmp_path, monkeypatch):
     finally:
         os.umask(old)
     # not the owner-only 0600 of a temporary file: what the umask gives any new file
-    assert saffu._io.FILE_MODE == 0o666 & ~old
+    assert 0o666 & ~old == saffu._io.FILE_MODE
     atomic_write_json(tmp_path / "config.json", {"a": 1})
     assert stat.S_IMODE((tmp_path / "config.json").stat().st_mode) == 0o666 & ~old
     monkeypatch.setattr(saffu._io, "FILE_MODE", 0o644)

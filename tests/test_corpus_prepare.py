@@ -6,8 +6,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from saffu import (PrepareConfig, SaffuError, babylm_corpus, download_babylm, iter_documents, open_workdir, prepare,
-                   text_files_corpus)
+from saffu import (
+    PrepareConfig,
+    SaffuError,
+    babylm_corpus,
+    download_babylm,
+    iter_documents,
+    open_workdir,
+    prepare,
+    text_files_corpus,
+)
 from saffu._io import SaffuWarning
 from saffu.cli import main
 from saffu.data.corpus import ReadStats
@@ -80,7 +88,7 @@ def test_prepare_writes_frequency_ranked_streams(tiny_workdir, tiny_corpus_dir):
 
 
 def test_open_workdir_rejects_incomplete_directories(tmp_path, tiny_workdir):
-    with pytest.raises(SaffuError, match="no meta.json"):
+    with pytest.raises(SaffuError, match=r"no meta\.json"):
         open_workdir(tmp_path)
     broken = tmp_path / "broken"
     (broken / "tokens").mkdir(parents=True)

@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 from saffu.configs import ExactConfig, TrainConfig, TransformerConfig
-from saffu.data.workdir import open_workdir
 from saffu.data.folds import complement, fold_documents, fold_targets, fold_window_starts
 from saffu.data.tokenizer import EOD_ID
+from saffu.data.workdir import open_workdir
 from saffu.models.exact import exact_logits
+from saffu.models.interface import model_logits
 from saffu.training.checkpoints import load_explicit, save_explicit_run
 from saffu.training.recipes import residual_start, solve_folds
 from saffu.training.trainer import BatchSchedule
@@ -56,7 +57,7 @@ def test_folds_cover_every_document_once_in_interleaved_blocks(tiny_workdir):
             rest = complement(per_fold, k)
             assert sum(b - a for a, b in rest) + sum(b - a for a, b in per_fold[k]) == documents
         for k, starts in enumerate(fold_window_starts(stream, folds, 16, blocks)):
-            inside = lambda s: any(b <= s and s + 16 <= e for b, e in targets[k])
+            inside = lambda s, k=k, targets=targets: any(b <= s and s + 16 <= e for b, e in targets[k])
             assert len(starts) and all(inside(int(s)) for s in starts)
     # every fold's targets end with a document's closing <eod>
     assert all(stream[e - 1] == EOD_ID for ranges in fold_targets(stream, 2, 8) for _, e in ranges)
@@ -111,12 +112,12 @@ def test_step_zero_is_each_folds_exact_model_on_that_folds_windows(tiny_workdir,
         tokens = jnp.asarray(windows)
         tables = load_explicit(runs[fold], config)
         expected = jax.nn.log_softmax(exact_logits(tables, config, tokens), axis=-1)
-        got = model.logits({**start, "fold": jnp.int32(fold)}, tokens)
+        got = model_logits(model, {**start, "fold": jnp.int32(fold)}, tokens)
         np.testing.assert_allclose(np.asarray(got), np.asarray(expected), atol=1e-5)
         whole = jax.nn.log_softmax(exact_logits(start["explicit"], config, tokens), axis=-1)
-        np.testing.assert_allclose(np.asarray(model.logits(start, tokens)), np.asarray(whole), atol=1e-5)
+        np.testing.assert_allclose(np.asarray(model_logits(model, start, tokens)), np.asarray(whole), atol=1e-5)
     # no gradient reaches any table
-    loss = lambda p: model.logits({**start, **p, "fold": jnp.int32(1)}, tokens)[..., 3].sum()
+    loss = lambda p: model_logits(model, {**start, **p, "fold": jnp.int32(1)}, tokens)[..., 3].sum()
     grads = jax.grad(loss, allow_int=True)({"folds": start["folds"], "explicit": start["explicit"]})
     assert all(float(jnp.abs(g).max()) == 0.0 for g in jax.tree.leaves(grads)
                if jnp.issubdtype(g.dtype, jnp.floating))

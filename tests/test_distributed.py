@@ -36,10 +36,11 @@ def run_two_processes(argv: list[str], tmp_path) -> None:
                                    "--metrics-json", str(tmp_path / f"multi{i}.json")],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(2)]
     for process in processes:
-        out, err = process.communicate(timeout=240)
+        _, err = process.communicate(timeout=240)
         assert process.returncode == 0, err.decode()[-2000:]
 
 
+@pytest.mark.slow
 def test_two_processes_give_bit_identical_statistics(tiny_workdir, tmp_path):
     single, multi = tmp_path / "single", tmp_path / "multi"
     shutil.copytree(tiny_workdir.path, single)

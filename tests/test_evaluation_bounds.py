@@ -10,7 +10,7 @@ from saffu.data.tokenizer import EOD_ID
 from saffu.data.windows import total_nll
 from saffu.eval.metrics import split_metrics
 from saffu.eval.scoring import evaluate_split
-from saffu.models.interface import window_loss
+from saffu.models.interface import model_init, window_loss
 from saffu.models.saffu import SaffuConfig, init_params
 from saffu.models.transformer import TransformerConfig
 
@@ -78,7 +78,7 @@ def test_bounded_evaluation_equals_first_principles(tiny_workdir):
 def test_the_transformer_evaluates_through_the_same_path(tiny_workdir):
     config = TransformerConfig(vocab_size=tiny_workdir.vocab_size, width=16, layers=1, heads=2,
                                context_tokens=4, max_len=40)
-    params = config.init(jax.random.key(0))
+    params = model_init(config, jax.random.key(0))
     full = evaluate_split(params, config, tiny_workdir, "dev", progress=False)
     part = evaluate_split(params, config, tiny_workdir, "dev", max_tokens=30, progress=False)
     assert np.isfinite(full["dev_bpb"]) and np.isfinite(part["dev_bpb"])

@@ -12,8 +12,9 @@ from saffu import SaffuError
 from saffu.configs import ExactConfig
 from saffu.data.tokenizer import EOD_ID, PAD_ID
 from saffu.engine.distributed import document_shard
+from saffu.engine.rows import merge_rows
 from saffu.models.exact import context_ids, exact_logits
-from saffu.ngram.counts import count_rows, merge_rows
+from saffu.ngram.counts import count_rows
 from saffu.solve.exact import build_group, complement, solve_exact
 
 
@@ -81,7 +82,7 @@ def test_sparse_model_equals_the_dense_float64_formula(tiny_workdir, bucket_by, 
         strength = config.mu * (seen > 0).sum() if smoothing != "dirichlet" else config.mu
         return (seen + strength * relative) / (seen.sum() + strength), relative
 
-    for g, offsets in enumerate(config.groups):
+    for g in range(len(config.groups)):
         by = g if bucket_by is None else bucket_by
         for p in range(len(dev)):
             smoothed, relative = conditional(g, p)
@@ -160,8 +161,9 @@ def test_bad_exact_configs_are_clear_errors():
 
 
 def test_cli_solves_saves_scores_and_refuses_to_train_an_exact_model(tiny_workdir, tmp_path, capsys):
-    from saffu.cli import main
     import json
+
+    from saffu.cli import main
     run, metrics = tmp_path / "exact", tmp_path / "m.json"
     args = ["--workdir", str(tiny_workdir.path), "--run", str(run)]
     assert main(["exact", *args, "--groups", "0 1 0,1", "--buckets", "3", "--holdout-tokens", "200", "--quiet",

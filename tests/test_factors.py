@@ -14,8 +14,16 @@ from saffu.models.exact import exact_logits
 from saffu.models.factorised import factorised_logits, init_params
 from saffu.ngram.counts import count_rows
 from saffu.solve.exact import solve_exact
-from saffu.solve.factors import (_refine_blocks, factorise, offset_matrix, offset_targets, randomized_svd,
-                                 refine_factors, solve_factorised, statistics_loss)
+from saffu.solve.factors import (
+    _refine_blocks,
+    factorise,
+    offset_matrix,
+    offset_targets,
+    randomized_svd,
+    refine_factors,
+    solve_factorised,
+    statistics_loss,
+)
 
 
 def test_randomized_svd_matches_numpy_on_a_matrix_of_known_rank():
@@ -69,7 +77,7 @@ def test_full_rank_factors_are_the_sparse_exact_model(tiny_workdir):
     matrices = [S for S, _, _ in parts]
     weights = [np.sqrt(np.maximum(np.bincount(rows[:, 0], weights=counts, minlength=V), 1.0))
                for _, rows, counts in parts]
-    E, B, s, energy = factorise(matrices, weights, prior ** 0.5, rank=V, oversample=0)
+    E, B, _, energy = factorise(matrices, weights, prior ** 0.5, rank=V, oversample=0)
     assert energy == pytest.approx(1.0, abs=1e-9)
     for p in range(P):
         np.testing.assert_allclose(E[p] @ B, matrices[p].toarray(), atol=1e-8)

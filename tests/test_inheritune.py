@@ -10,6 +10,7 @@ import pytest
 
 from saffu._io import SaffuError
 from saffu.configs import SaffuConfig, TransformerConfig
+from saffu.models.interface import model_init, model_logits
 from saffu.models.transformer import grow_layer, inherit_layers
 
 
@@ -21,7 +22,7 @@ def _same(a, b) -> bool:
 @pytest.fixture(scope="module")
 def reference():
     config = TransformerConfig(97, width=16, layers=4, heads=2, context_tokens=4, max_len=32)
-    return config, config.init(jax.random.key(0))
+    return config, model_init(config, jax.random.key(0))
 
 
 def test_inheritance_copies_exactly_the_first_blocks_and_the_ends(reference):
@@ -33,11 +34,11 @@ def test_inheritance_copies_exactly_the_first_blocks_and_the_ends(reference):
         assert _same(inherited["blocks"][index], params["blocks"][index])
     for name in ("embed", "positions", "final_norm", "output"):
         assert _same(inherited[name], params[name])
-    shapes = jax.eval_shape(lambda: small.init(jax.random.key(1)))      # random init's tree and shapes
+    shapes = jax.eval_shape(lambda: model_init(small, jax.random.key(1)))      # random init's tree and shapes
     assert jax.tree.structure(shapes) == jax.tree.structure(inherited)
     assert all(s.shape == x.shape for s, x in zip(jax.tree.leaves(shapes), jax.tree.leaves(inherited)))
     tokens = jax.random.randint(jax.random.key(2), (2, 12), 0, 97)
-    assert small.logits(inherited, tokens).shape == (2, 12, 97)
+    assert model_logits(small, inherited, tokens).shape == (2, 12, 97)
     for layers in (0, 5):
         with pytest.raises(SaffuError, match="inherit"):
             inherit_layers(params, config, layers)
@@ -51,7 +52,7 @@ def test_growth_appends_the_reference_block_and_keeps_the_first(reference):
     assert grown_config.layers == 2 and sorted(grown["blocks"]) == [0, 1]
     assert _same(grown["blocks"][0], trained["blocks"][0]) and _same(grown["blocks"][1], params["blocks"][1])
     assert _same(grown["output"], trained["output"])
-    shapes = jax.eval_shape(lambda: grown_config.init(jax.random.key(1)))
+    shapes = jax.eval_shape(lambda: model_init(grown_config, jax.random.key(1)))
     assert all(s.shape == x.shape for s, x in zip(jax.tree.leaves(shapes), jax.tree.leaves(grown)))
     full_config, full = grown_config, grown
     while full_config.layers < config.layers:
@@ -60,7 +61,7 @@ def test_growth_appends_the_reference_block_and_keeps_the_first(reference):
         grow_layer(full, full_config, params, config)
     other = TransformerConfig(97, width=32, layers=1, heads=2, context_tokens=4, max_len=32)
     with pytest.raises(SaffuError, match="differ"):
-        grow_layer(other.init(jax.random.key(3)), other, params, config)
+        grow_layer(model_init(other, jax.random.key(3)), other, params, config)
 
 
 @pytest.mark.slow   # three small training runs through the CLI
@@ -97,7 +98,7 @@ def _stack_config(vocab_size: int, blocks: int = 3, bits: int = 10):
 
 
 def test_saffu_inheritance_copies_the_first_blocks_and_growth_appends():
-    from saffu.models.saffu import grow_block, init_params, inherit_blocks, saffu_logits
+    from saffu.models.saffu import grow_block, inherit_blocks, init_params, saffu_logits
     config = _stack_config(97)
     params = init_params(config, jax.random.key(0))
     small, inherited = inherit_blocks(params, config, 2)
@@ -121,13 +122,14 @@ def test_saffu_inheritance_copies_the_first_blocks_and_growth_appends():
         grow_block(trained, small, wider["blocks"][0])
 
 
+@pytest.mark.slow
 def test_blocks_solved_on_top_of_a_stack(tiny_workdir):
     """Solving blocks 1 … L−1 on top of the explicit block 0 gives exactly the whole explicit
     stack (same counts, same stages); on top of a changed (say trained) block 0 that block stays
     as given and the new blocks read it."""
     from saffu.configs import SolverConfig
     from saffu.models.saffu import inherit_blocks
-    from saffu.solve.saffu import solve_explicit
+    from saffu.solve.stack import solve_explicit
     config, solver = _stack_config(tiny_workdir.vocab_size), SolverConfig(holdout_tokens=64)
     full, report = solve_explicit(tiny_workdir, config, solver, progress=False)
     _, below = inherit_blocks(full, config, 1)
@@ -149,7 +151,7 @@ def test_blocks_solved_on_top_of_a_stack(tiny_workdir):
 @pytest.mark.slow   # a SAFFU solve and two short training runs through the CLI
 def test_cli_inherits_and_grows_a_saffu_stack(tiny_workdir, tmp_path):
     from saffu.cli import main
-    from saffu.solve.saffu import solve_explicit
+    from saffu.solve.stack import solve_explicit
     from saffu.training.checkpoints import load_params, load_run_config
     work = ["--workdir", str(tiny_workdir.path)]
     stack = ["--bits", "10", "--radius", "3", "--positions", "1"]

@@ -10,7 +10,7 @@ import pytest
 from saffu._io import SaffuError
 from saffu.configs import SaffuConfig, SolverConfig
 from saffu.models.saffu import saffu_logits
-from saffu.solve.saffu import solve_explicit
+from saffu.solve.stack import solve_explicit
 
 SOLVER = SolverConfig(holdout_tokens=300, chunk_size=256)
 
@@ -61,8 +61,9 @@ def test_cipher_groups_of_a_mixed_model_are_an_all_cipher_saffu(tiny_workdir, mi
     block["group_weights"] = jnp.concatenate([jnp.zeros_like(weights[:1]), weights])
     tokens = jnp.asarray(np.asarray(tiny_workdir.tokens("dev"))[None, :80].astype(np.int32))
     silent = {**params, "exact": {**params["exact"], "beta": jnp.zeros(1)}}
+    all_cipher = {"blocks": {0: block}, "codes": params["codes"]}
     np.testing.assert_allclose(np.asarray(saffu_logits(silent, config, tokens)),
-                               np.asarray(saffu_logits({"blocks": {0: block}}, cipher, tokens)), atol=1e-5)
+                               np.asarray(saffu_logits(all_cipher, cipher, tokens)), atol=1e-5)
 
 
 def test_mixed_model_calibrates_its_exact_temperature(mixed):

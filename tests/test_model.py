@@ -6,9 +6,8 @@ from flax import nnx
 
 from saffu import SaffuError
 from saffu.data.tokenizer import EOD_ID, PAD_ID
-from saffu.models.interface import window_loss
+from saffu.models.interface import window_loss, window_nll
 from saffu.models.saffu import Saffu, SaffuConfig, init_params, saffu_logits
-
 
 CONFIGS = [
     SaffuConfig(vocab_size=40, bits=8, radius=4, heads=2, positions=2),
@@ -76,16 +75,32 @@ def test_nnx_module_and_pure_function_agree():
 
 
 def test_window_loss_masks_targets():
+    """Per-target NLL against a float64 NumPy reference written independently of
+    ``window_nll``: the position-by-position forward above, then, window by window and target
+    by target, ``log Σ exp(z) − z[y]`` by hand from the logits of the position before the
+    target (the first ``context`` tokens of a window are context only), zero where masked."""
     config = CONFIGS[0]
-    params = init_params(config, jax.random.key(0))
-    windows = jnp.asarray(np.random.default_rng(0).integers(1, 40, (2, config.context + 5)), jnp.int32)
-    mask = jnp.asarray([[True] * 5, [True, True, False, False, False]])
-    nll, count = window_loss(params, config, windows, mask)
-    assert int(count) == 7 and np.isfinite(float(nll))
-    logits = saffu_logits(params, config, windows)[:, config.context - 1:-1]
-    log_probs = jax.nn.log_softmax(logits)
-    picked = -jnp.take_along_axis(log_probs, windows[:, config.context:, None], -1)[..., 0]
-    assert float(nll) == pytest.approx(float(jnp.sum(picked * mask)), rel=1e-6)
+    params = init_params(config, jax.random.key(0), scale=0.5)
+    T = 5
+    windows = np.random.default_rng(0).integers(2, 40, (2, config.context + T)).astype(np.int32)
+    windows[0, 5] = EOD_ID                                           # a document starts inside the window
+    mask = np.array([[True] * 5, [True, True, False, False, False]])
+    expected = np.zeros((2, T))
+    for b in range(2):
+        logits = reference_logits(params, config, windows[b])       # float64, [R + T, V]
+        for t in range(T):
+            if mask[b, t]:
+                z = logits[config.context + t - 1]                     # predicts token context + t
+                top = z.max()
+                expected[b, t] = top + np.log(np.exp(z - top).sum()) - z[windows[b, config.context + t]]
+    got = np.asarray(window_nll(params, config, jnp.asarray(windows), jnp.asarray(mask)))
+    # float32 logits are within 2e-5 of the reference (test above), so an NLL within 2 × 2e-5 plus
+    # float32 rounding of the log-sum-exp (values ~ 5 nats: ~1e-6)
+    np.testing.assert_allclose(got, expected, rtol=0, atol=5e-5)
+    assert (got[~mask] == 0).all() and (expected[mask] > 0.5).all()
+    nll, count = window_loss(params, config, jnp.asarray(windows), jnp.asarray(mask))
+    assert int(count) == 7
+    assert float(nll) == pytest.approx(expected.sum(), abs=7 * 5e-5)
 
 
 def test_invalid_configs_are_clear_errors():
@@ -95,3 +110,32 @@ def test_invalid_configs_are_clear_errors():
         SaffuConfig(vocab_size=40, bits=8, radius=2, positions=3)
     with pytest.raises(SaffuError, match="value form"):
         SaffuConfig(vocab_size=40, bits=8, value_form="exp")
+
+
+def test_a_model_of_its_own_kind_brings_its_init_and_logits():
+    """A model the registry does not know (a third-party model trained by saffu's trainer) is
+    called through its own methods; an object that is no model is a one-line error."""
+    import dataclasses
+
+    from saffu.models.interface import model_init, model_logits, trainable
+
+    @dataclasses.dataclass(frozen=True)
+    class Table:
+        vocab_size: int = 5
+        kind: str = "lookup-table"
+        context = 1
+
+        def init(self, key):
+            return {"table": jax.random.normal(key, (self.vocab_size, self.vocab_size))}
+
+        def logits(self, params, tokens):
+            return params["table"][tokens]
+
+    model = Table()
+    params = model_init(model, jax.random.key(0))
+    tokens = jnp.asarray([[0, 3, 4, 1]], jnp.int32)
+    np.testing.assert_array_equal(np.asarray(model_logits(model, params, tokens)),
+                                  np.asarray(params["table"])[np.asarray(tokens)])
+    assert trainable(model)
+    with pytest.raises(SaffuError, match="not a model config: object"):
+        model_logits(object(), params, tokens)

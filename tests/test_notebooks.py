@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 

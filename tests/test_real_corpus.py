@@ -9,7 +9,6 @@ from conftest import SHARED_BABYLM
 
 from saffu.cli import main
 
-
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not os.path.isdir(SHARED_BABYLM), reason="shared BabyLM corpus not present")]
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from saffu import accumulate_states, local_mesh, offset_cooccurrence, sparse_bit_cipher, unigram_counts
 from saffu.cli import main
 from saffu.models.saffu import SaffuConfig, init_params
-from saffu.solve.saffu import SolverConfig, solve_explicit
+from saffu.solve.stack import SolverConfig, solve_explicit
 from saffu.training.checkpoints import load_params
 from saffu.training.trainer import TrainConfig, train
 
@@ -49,6 +49,7 @@ def test_sigkill_mid_training_then_restart_ends_bit_identical(tiny_workdir, tmp_
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
+@pytest.mark.slow
 def test_same_seed_same_statistics_weights_and_curve(tiny_workdir, tmp_path):
     config = SaffuConfig(vocab_size=tiny_workdir.vocab_size, bits=16, radius=4)
     first, _ = solve_explicit(tiny_workdir, config, SolverConfig(holdout_tokens=200), progress=False)
@@ -99,6 +100,7 @@ def test_tokenizer_round_trip_on_random_text(tiny_workdir, text):
 @settings(max_examples=25, deadline=None)
 @given(documents=st.lists(st.lists(st.integers(2, 29), max_size=12), min_size=1, max_size=20),
        chunk=st.integers(3, 50))
+@pytest.mark.slow
 def test_accumulators_on_random_documents(documents, chunk):
     stream = [1]
     for doc in documents:

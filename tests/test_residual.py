@@ -9,10 +9,17 @@ import numpy as np
 import pytest
 
 from saffu._io import SaffuError
-from saffu.configs import (ExactConfig, FactorConfig, FactorisedConfig, ResidualConfig, SaffuConfig, TrainConfig,
-                           TransformerConfig)
-from saffu.models.interface import window_loss
-from saffu.models.residual import with_explicit, zero_output
+from saffu.configs import (
+    ExactConfig,
+    FactorConfig,
+    FactorisedConfig,
+    ResidualConfig,
+    SaffuConfig,
+    TrainConfig,
+    TransformerConfig,
+)
+from saffu.models.interface import model_init, model_logits, window_loss
+from saffu.models.residual import base_params, with_explicit, zero_output
 from saffu.models.transformer import explicit_transformer_init
 from saffu.solve.exact import solve_exact
 from saffu.solve.factors import solve_factorised
@@ -34,7 +41,7 @@ def _windows(workdir, count=3, length=24):
 def _residual(workdir, exact_model, base, scale="fixed"):
     explicit_config, explicit = exact_model
     config = ResidualConfig(base, explicit_config, "unused", scale=scale)
-    return config, with_explicit(config.init(jax.random.key(3)), explicit)
+    return config, with_explicit(model_init(config, jax.random.key(3)), explicit)
 
 
 @pytest.mark.parametrize("base_kind", ["transformer", "saffu", "factorised"])
@@ -45,12 +52,13 @@ def test_residual_at_step_zero_is_the_explicit_model(tiny_workdir, exact_model, 
             "factorised": FactorisedConfig(V, rank=8, positions=2, radius=4)}[base_kind]
     config, params = _residual(tiny_workdir, exact_model, base)
     tokens = _windows(tiny_workdir)
-    got = jax.nn.log_softmax(config.logits(params, tokens), axis=-1)
-    want = jax.nn.log_softmax(exact_model[0].logits(exact_model[1], tokens), axis=-1)
+    got = jax.nn.log_softmax(model_logits(config, params, tokens), axis=-1)
+    want = jax.nn.log_softmax(model_logits(exact_model[0], exact_model[1], tokens), axis=-1)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5)
-    assert float(jnp.abs(base.logits(params["model"], tokens)).max()) == 0.0   # f_θ starts at exactly 0
+    assert float(jnp.abs(model_logits(base, base_params(params, config), tokens)).max()) == 0.0   # f_θ starts at exactly 0
 
 
+@pytest.mark.slow
 def test_no_gradient_reaches_the_frozen_explicit_tables(tiny_workdir, exact_model, tmp_path):
     V = tiny_workdir.vocab_size
     base = TransformerConfig(V, width=16, layers=1, heads=2, context_tokens=4, max_len=64)
@@ -82,22 +90,23 @@ def test_no_gradient_reaches_the_frozen_explicit_tables(tiny_workdir, exact_mode
     assert history[0]["step"] == 0 and history[-1]["step"] == 6
 
 
+@pytest.mark.slow
 def test_annealed_residual_falls_to_its_trainable_model(tiny_workdir, exact_model, tmp_path):
     V = tiny_workdir.vocab_size
     base = TransformerConfig(V, width=16, layers=1, heads=2, context_tokens=4, max_len=64)
     explicit_config, explicit = exact_model
     config = ResidualConfig(base, explicit_config, "unused", scale="annealed", anneal_share=0.5)
-    params = with_explicit(config.init(jax.random.key(3)), explicit)
+    params = with_explicit(model_init(config, jax.random.key(3)), explicit)
     assert "scale" not in params and config.fixed_params == ("explicit",)
     assert config.anneal_steps(6) == 3
     schedule = [config.step_inputs(step, 6).get("scale") for step in range(6)]
     assert schedule[0] == 1.0 and 1.0 > schedule[1] > schedule[2] > 0 and schedule[3:] == [None] * 3
     tokens = _windows(tiny_workdir)
-    at_start = jax.nn.log_softmax(config.logits({**params, **config.step_inputs(0, 6)}, tokens), axis=-1)
-    want = jax.nn.log_softmax(explicit_config.logits(explicit, tokens), axis=-1)
+    at_start = jax.nn.log_softmax(model_logits(config, {**params, **config.step_inputs(0, 6)}, tokens), axis=-1)
+    want = jax.nn.log_softmax(model_logits(explicit_config, explicit, tokens), axis=-1)
     np.testing.assert_allclose(np.asarray(at_start), np.asarray(want), atol=1e-5)      # step 0: the explicit model
-    np.testing.assert_array_equal(np.asarray(config.logits(params, tokens)),
-                                  np.asarray(base.logits(params["model"], tokens)))   # after: f_θ alone
+    np.testing.assert_array_equal(np.asarray(model_logits(config, params, tokens)),
+                                  np.asarray(model_logits(base, base_params(params, config), tokens)))   # after: f_θ alone
     assert config.step_forward_flops(16, {"scale": 0.5}) == pytest.approx(
         base.forward_flops(16) + explicit_config.forward_flops(16) + 3.0 * V)
     assert config.forward_flops(16) == base.forward_flops(16)                     # inference: no lookup
@@ -135,7 +144,7 @@ def test_explicit_init_keeps_the_random_tree_and_takes_the_factors(tiny_workdir)
     factors, _ = solve_factorised(tiny_workdir, FactorisedConfig(V, rank=16, positions=1),
                                   FactorConfig(holdout_tokens=200), progress=False)
     key = jax.random.key(0)
-    random = config.init(key)
+    random = model_init(config, key)
     params = explicit_transformer_init(config, key, factors)
     assert jax.tree.structure(params) == jax.tree.structure(random)
     assert jax.tree.map(lambda x: (x.shape, x.dtype), params) == jax.tree.map(lambda x: (x.shape, x.dtype), random)

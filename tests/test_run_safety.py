@@ -162,8 +162,8 @@ def test_tables_that_do_not_match_their_config_are_refused(tiny_workdir, tmp_pat
 # --- outputs probed before the work ------------------------------------------------------------
 
 def test_unwritable_outputs_are_refused_before_any_work_also_as_root(tiny_workdir, tmp_path, capsys, monkeypatch):
-    import saffu.solve.saffu
-    monkeypatch.setattr(saffu.solve.saffu, "solve_explicit", lambda *a, **k: pytest.fail("solved before the check"))
+    import saffu.solve.stack
+    monkeypatch.setattr(saffu.solve.stack, "solve_explicit", lambda *a, **k: pytest.fail("solved before the check"))
     work = ["--workdir", str(tiny_workdir.path)]
     assert main(["fit", *work, "--run", str(tmp_path / "run"), *SMALL_SAFFU[:4], "--quiet",
                  "--metrics-json", "/proc/saffu-test/m.json"]) == 2

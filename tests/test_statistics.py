@@ -5,9 +5,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from saffu import (SaffuError, accumulate, accumulate_states, blend_background, code_background, dense_codes,
-                   document_context, feature_target, local_mesh, merge_states, offset_cooccurrence, sparse_bit_cipher,
-                   unigram_counts)
+from saffu import (
+    SaffuError,
+    accumulate,
+    accumulate_states,
+    blend_background,
+    code_background,
+    dense_codes,
+    document_context,
+    feature_target,
+    local_mesh,
+    merge_states,
+    offset_cooccurrence,
+    sparse_bit_cipher,
+    unigram_counts,
+)
 from saffu.data.tokenizer import EOD_ID, PAD_ID
 
 

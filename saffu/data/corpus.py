@@ -9,11 +9,10 @@ U+FFFD and counted, never fatal.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Sequence
 
 from saffu._io import SaffuError
-
 
 #: BabyLM split name -> (sub-folder, file suffix).
 BABYLM_SPLITS: dict[str, tuple[str, str]] = {
@@ -118,7 +117,7 @@ def iter_documents(files: Sequence[Path], stats: ReadStats | None = None,
     stats = stats if stats is not None else ReadStats()
     for path in files:
         try:
-            handle = open(path, "rb")
+            handle = open(path, "rb")   # noqa: SIM115 (closed by the `with` below)
         except OSError as err:
             raise SaffuError(f"cannot read corpus file {path}: {err.strerror}") from None
         with handle:

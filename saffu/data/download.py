@@ -21,7 +21,6 @@ from tqdm.auto import tqdm
 from saffu._io import SaffuError
 from saffu.configs import BABYLM_2023_URL
 
-
 #: Where the BabyLM organisers published the 2023 data (the site's repository).
 
 _FOLDERS = {"babylm_10M": "train_10M", "babylm_100M": "train_100M", "babylm_dev": "dev",

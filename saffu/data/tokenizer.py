@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from saffu._io import atomic_write_bytes
-
 
 PAD_TOKEN, EOD_TOKEN = "<pad>", "<eod>"
 PAD_ID, EOD_ID = 0, 1

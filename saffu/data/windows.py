@@ -7,7 +7,7 @@ so jitted steps compile once.
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -85,3 +85,14 @@ def shuffled_window_starts(begin: int, end: int, seq_len: int, key: jax.Array) -
     starts = np.arange(begin, end, seq_len)
     seed = np.asarray(jax.random.key_data(key)).ravel()
     return np.random.default_rng(seed).permutation(starts)
+
+
+def evenly_spaced_windows(stream: np.ndarray, model, seq_len: int, count: int):
+    """``count`` non-overlapping windows of ``model.context + seq_len`` tokens spread evenly over
+    the whole stream (a dev subset that samples every file, not only the first):
+    ``int32[count', R + T]`` windows and ``bool[count', T]`` masks (``count' ≤ count``, fewer
+    when the stream is short)."""
+    last = max(len(stream) - seq_len, 1)
+    starts = np.unique(np.linspace(1, last, min(count, max(last // seq_len, 1))).astype(int))
+    windows, mask = stack_windows(stream, starts, [len(stream)] * len(starts), model.context, seq_len)
+    return jnp.asarray(windows), jnp.asarray(mask)

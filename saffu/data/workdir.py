@@ -36,7 +36,6 @@ from saffu.configs import PrepareConfig
 from saffu.data import tokenizer as tok
 from saffu.data.corpus import Corpus, ReadStats, check_not_empty, iter_documents
 
-
 META_VERSION = 2
 
 

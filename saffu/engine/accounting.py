@@ -18,12 +18,12 @@ import contextlib
 import contextvars
 import resource
 import sys
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import jax
 
-
-_LEDGER: contextvars.ContextVar["FlopLedger | None"] = contextvars.ContextVar("saffu_flop_ledger", default=None)
+_LEDGER: contextvars.ContextVar[FlopLedger | None] = contextvars.ContextVar("saffu_flop_ledger", default=None)
 
 
 def xla_flops(compiled: Any) -> float | None:

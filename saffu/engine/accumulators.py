@@ -21,7 +21,8 @@ proportional to the corpus.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Mapping, NamedTuple
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -34,7 +35,6 @@ from saffu.data.tokenizer import EOD_ID, PAD_ID
 from saffu.data.windows import stack_windows
 from saffu.engine import accounting, distributed
 from saffu.engine.codes import SparseCodes
-
 
 State = Any
 _DEVICE_AXIS = distributed.DEVICE_AXIS

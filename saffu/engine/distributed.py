@@ -18,7 +18,7 @@ from jax.sharding import Mesh
 
 from saffu._io import SaffuError
 from saffu.data.tokenizer import EOD_ID
-
+from saffu.engine.rows import merge_rows
 
 #: The mesh axis the statistics shard their per-device states over.
 DEVICE_AXIS = "devices"
@@ -80,7 +80,6 @@ def merge_rows_over_processes(rows: np.ndarray, counts: np.ndarray, vocab_size: 
     if jax.process_count() == 1:
         return rows, counts
     from jax.experimental import multihost_utils
-    from saffu.ngram.counts import merge_rows            # ngram imports the engine: no module-level import
     counts = np.asarray(counts, np.int64)
     halves = np.stack([(counts >> 32).astype(np.int32), (counts & 0xFFFFFFFF).astype(np.uint32).view(np.int32)], 1)
     table = np.concatenate([np.asarray(rows, np.int32), halves], axis=1)                # [U_i, n + 2]

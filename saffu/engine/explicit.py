@@ -9,13 +9,13 @@ normalised geometric mixture ``∏_i P(j | i)^{x_i}`` otherwise. Zero counts are
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import scipy.optimize
 
 from saffu._io import SaffuError
-from saffu.configs import Smoothing  # noqa: F401  (re-exported: explicit weights take it)
+from saffu.configs import Smoothing
 
 
 def unigram_prior(counts: np.ndarray) -> np.ndarray:

@@ -41,6 +41,8 @@ from tqdm.auto import tqdm
 
 from saffu._io import SaffuError
 from saffu.data.tokenizer import EOD_ID
+from saffu.data.windows import evenly_spaced_windows
+from saffu.models.residual import base_params
 
 ENERGY = 0.9
 LAZY_RANK = 1
@@ -103,7 +105,7 @@ def _summed(params, config, tokens: jax.Array, weights: jax.Array):
     ``weights float32[B]``, ``[S, S]`` (transformer) or ``[S, M_h]`` with the invisible offsets
     zeroed (offset models); and the summed mass on each query's first visible key."""
     if config.kind == "residual":
-        params, config = params["model"], config.base
+        params, config = base_params(params, config), config.base
     first = first_visible(tokens)                                               # [B, S]
     if config.kind == "transformer":
         from saffu.models.transformer import transformer_attention
@@ -173,7 +175,7 @@ def _offset_sums(params, config, tokens: jax.Array, weights: jax.Array):
     """Per layer, per head of an offset model: over the queries that see every offset of the
     head, the attention summed per offset ``[M_h]``, the summed top weight and the query count."""
     if config.kind == "residual":
-        params, config = params["model"], config.base
+        params, config = base_params(params, config), config.base
     layers = _offset_layers(params, config, tokens)
     sums = []
     for heads, visible in layers:
@@ -259,7 +261,6 @@ def inspect_attention(params, config, stream: np.ndarray, windows: int = 64, seq
     ``eval_seq_len``); the profile also holds ``windows``, ``window_tokens`` and
     ``first_key_share_if_uniform``, the first-key share of attention uniform over the visible keys;
     for a model that attends over offsets, also its :func:`offset_profile` (``offsets``)."""
-    from saffu.training.trainer import evenly_spaced_windows
     if windows < 1:
         raise SaffuError(f"--windows must be ≥ 1, got {windows}")
     if not 0 < energy <= 1 or lazy_rank < 0:          # checked before the forward passes, not after

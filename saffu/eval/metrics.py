@@ -9,9 +9,7 @@ perplexity.
 from __future__ import annotations
 
 import math
-from typing import Mapping
-
-import numpy as np
+from collections.abc import Mapping
 
 
 def language_model_metrics(total_nll: float, tokens: int, bytes_: int | None = None,
@@ -37,17 +35,3 @@ def split_metrics(total_nll: float, split_info: Mapping[str, int], prefix: str) 
     """:func:`language_model_metrics` for a whole prepared split (``WorkDir.split_info``)."""
     return language_model_metrics(total_nll, split_info["predicted_tokens"], split_info["bytes"],
                                   split_info["words"], prefix=prefix)
-
-
-def pair_counts(stream: np.ndarray, begin: int = 1, end: int | None = None,
-                vocab_size: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Distinct (head, target) pairs of ``stream[begin:end]`` as targets, with counts.
-
-    Returns ``heads int32[P]``, ``targets int32[P]``, ``counts int64[P]`` (exact).
-    """
-    end = len(stream) if end is None else end
-    heads = np.asarray(stream[begin - 1:end - 1], np.int64)
-    targets = np.asarray(stream[begin:end], np.int64)
-    vocab_size = vocab_size or int(max(heads.max(initial=0), targets.max(initial=0))) + 1
-    keys, counts = np.unique(heads * vocab_size + targets, return_counts=True)
-    return (keys // vocab_size).astype(np.int32), (keys % vocab_size).astype(np.int32), counts

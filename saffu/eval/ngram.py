@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from saffu.data.workdir import WorkDir
 from saffu.eval.blimp import blimp_accuracy, load_blimp

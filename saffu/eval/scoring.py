@@ -13,13 +13,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from saffu._io import SaffuError
+from saffu.configs import GenerateConfig
 from saffu.data.tokenizer import EOD_ID, PAD_ID, decode
 from saffu.data.windows import total_nll
 from saffu.data.workdir import WorkDir
 from saffu.eval.metrics import split_metrics
-from saffu.models.interface import window_loss
+from saffu.models.interface import model_logits, window_loss
 from saffu.models.saffu import Params, SaffuConfig
-
 
 #: Windows per evaluation call: ``16 × (context + eval_seq_len)`` positions, whose float32
 #: logits (``× V``, twice with the log-softmax) stay a few hundred MB at ``V = 8192``; larger
@@ -72,18 +72,20 @@ def _sample_next(params: Params, config, top_k: int, windows: jax.Array, key: ja
     """The next token of every window, ``int32[B]``, from ``softmax(logits / temperature)``
     restricted to the ``top_k`` most likely tokens (all for 0), never ``<pad>``; the weights
     are arguments, so one compilation serves every call of a config and shape."""
-    logits = config.logits(params, windows)[:, -1] / temperature
+    logits = model_logits(config, params, windows)[:, -1] / temperature
     if top_k:
-        threshold = jax.lax.top_k(logits, top_k)[0][:, -1:]
+        threshold = jax.lax.top_k(logits, min(top_k, logits.shape[-1]))[0][:, -1:]
         logits = jnp.where(logits < threshold, -jnp.inf, logits)
     logits = logits.at[:, PAD_ID].set(-jnp.inf)
     return jax.random.categorical(key, logits)
 
 
-def generate(params: Params, config: SaffuConfig, tokenizer, key: jax.Array, num_samples: int = 3,
-             max_tokens: int = 60, temperature: float = 1.0, top_k: int = 0) -> list[str]:
+def generate(params: Params, config: SaffuConfig, tokenizer, key: jax.Array,
+             num_samples: int = GenerateConfig.num_samples, max_tokens: int = GenerateConfig.max_tokens,
+             temperature: float = GenerateConfig.temperature, top_k: int = GenerateConfig.top_k) -> list[str]:
     """Sample documents: each starts after an ``<eod>`` (a document start) and stops at the
-    next ``<eod>`` or after ``max_tokens``. ``top_k = 0`` samples from the full distribution."""
+    next ``<eod>`` or after ``max_tokens``, from the ``top_k`` most likely tokens (``0``: the
+    full distribution). The defaults are :class:`saffu.configs.GenerateConfig`'s (``saffu generate``'s)."""
     if temperature <= 0:
         raise SaffuError("--temperature must be > 0")
     R = config.context

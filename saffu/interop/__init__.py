@@ -13,12 +13,7 @@
 
 from saffu.interop.init import ExplicitPieces, explicit_init, tied_matrix
 from saffu.interop.residual import ExplicitResidual
-from saffu.interop.tokens import (
-           TokenSource,
-           solve_exact_tables,
-           solve_pieces,
-           workdir_from_tokens,
-)
+from saffu.interop.tokens import TokenSource, solve_exact_tables, solve_pieces, workdir_from_tokens
 from saffu.interop.weights_file import read_init_file, write_init_file
 
 __all__ = ["ExplicitPieces", "ExplicitResidual", "TokenSource", "explicit_init", "read_init_file",

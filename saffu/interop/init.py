@@ -224,11 +224,9 @@ def explicit_init(params, pieces, *, embedding: Selector, output: Selector | Non
       embedding_rms: the explicit embeddings' root-mean-square (``None``: the leaf's own). A
         model whose embeddings start much smaller than its blocks' outputs (penzai's ``1/√d``
         next to its blocks) buries them in the residual stream at init; at ``1.0`` (the scale a
-        norm layer outputs) they reach its output. Measured on penzai's Llama-like and GPT-NeoX
-        after 30 steps at lr 0.01 (babylm-2023-4src, d = 128, 20,000 dev tokens;
-        ``docs/results/any_model.md``): leaf RMS 5.97 / 5.62 nats, RMS 1.0 5.06 / 5.15, random
-        init 6.34 / 6.11, random embeddings at RMS 1.0 5.96 / 6.17. A tied matrix is also the
-        output kernel: keep its own RMS there (at 1.0 the step-0 logits are huge).
+        norm layer outputs) they reach its output: ``docs/results/any_model.md`` compares the two
+        on penzai's Llama-like and GPT-NeoX. A tied matrix is also the output kernel: keep its
+        own RMS there (at 1.0 the step-0 logits are huge).
       progress: show the solve's progress when the pieces are solved here.
 
     Raises :class:`saffu._io.SaffuError` (one line) when a leaf is missing, its vocabulary

@@ -27,6 +27,7 @@ import numpy as np
 
 from saffu._io import SaffuError
 from saffu.interop.init import Selector, _locate
+from saffu.models.interface import model_logits
 
 
 class ExplicitResidual:
@@ -72,7 +73,7 @@ class ExplicitResidual:
         (in the user's ids)."""
         tables = jax.tree.map(jax.lax.stop_gradient, tables)
         ours = tokens if self.id_map is None else self.id_map[tokens]
-        logp = jax.nn.log_softmax(self.exact_config.logits(tables, ours).astype(jnp.float32), axis=-1)
+        logp = jax.nn.log_softmax(model_logits(self.exact_config, tables, ours).astype(jnp.float32), axis=-1)
         return logp if self.id_map is None else jnp.take(logp, self.id_map, axis=-1)
 
     def logits(self, params: dict, tables, tokens: jax.Array) -> jax.Array:

@@ -16,11 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from saffu.configs import BigramConfig, CipherConfig
+from saffu.configs import BigramConfig, CipherConfig, Params
 from saffu.engine.codes import bit_cipher_codes
-
-
-Params = dict
 
 
 def bigram_logits(params: Params, tokens: jax.Array) -> jax.Array:
@@ -47,7 +44,7 @@ def _pair_nll(params, heads, targets, counts):
 
 
 def bigram_nll(params: Params, pairs: tuple[np.ndarray, np.ndarray, np.ndarray]) -> float:
-    """Total NLL (nats) of :func:`saffu.eval.metrics.pair_counts` pairs (``int[P]`` heads,
+    """Total NLL (nats) of :func:`saffu.engine.rows.pair_counts` pairs (``int[P]`` heads,
     targets and counts) under the layer ``params``; the weights are a jit argument."""
     heads, targets, counts = pairs
     return float(_pair_nll(params, jnp.asarray(heads), jnp.asarray(targets), jnp.asarray(counts, jnp.float32)))

@@ -35,15 +35,12 @@ shift in dense rows instead; they load and score the same).
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from saffu.configs import ExactConfig
+from saffu.configs import ExactConfig, Params
 from saffu.data.tokenizer import EOD_ID, PAD_ID
-
-Params = dict[str, Any]
 
 
 def document_contexts(tokens: jax.Array, radius: int) -> jax.Array:

@@ -26,18 +26,15 @@ training's ``α`` falls to 0: with the explicit ``B`` the guide is an explicit s
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from saffu._io import SaffuError
-from saffu.configs import FactorisedConfig
+from saffu.configs import FactorisedConfig, Params
 from saffu.data.tokenizer import PAD_ID
 from saffu.models.exact import document_contexts
 from saffu.models.structured import apply_structure, from_dense, structure_size
-
-Params = dict[str, Any]
 
 
 def init_params(config: FactorisedConfig, key: jax.Array, scale: float = 0.02) -> Params:
@@ -97,7 +94,8 @@ def hidden_states(params: Params, config: FactorisedConfig, tokens: jax.Array) -
     return h
 
 
-def factorised_attention(params: Params, config: FactorisedConfig, tokens: jax.Array) -> list[tuple[list[jax.Array], jax.Array]]:
+def factorised_attention(params: Params, config: FactorisedConfig,
+                         tokens: jax.Array) -> list[tuple[list[jax.Array], jax.Array]]:
     """The one layer's heads' attention ``[float32[B, S, M_h]]`` (query position × offset) and
     each offset's visibility ``bool[B, S, M]`` (an invisible row is ``<pad>``'s embedding), as
     :func:`saffu.models.saffu.saffu_attention`."""

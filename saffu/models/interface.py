@@ -1,31 +1,115 @@
-"""What every model shares: the interface the trainer, the evaluators and BLiMP rely on,
+"""The model interface and the kind registry: what the trainer, the evaluators and BLiMP call,
 and the losses written against it.
 
-A model is its config (:class:`saffu.configs.SaffuConfig`, :class:`~saffu.configs.TransformerConfig`,
-:class:`~saffu.configs.BigramConfig`), a frozen dataclass — hashable, so it is a static jit
-argument — with
+A model is its config (:mod:`saffu.configs`: :class:`~saffu.configs.SaffuConfig`,
+:class:`~saffu.configs.TransformerConfig`, :class:`~saffu.configs.ExactConfig`,
+:class:`~saffu.configs.FactorisedConfig`, :class:`~saffu.configs.ResidualConfig`,
+:class:`~saffu.configs.BigramConfig`), a frozen dataclass of plain data — hashable, so it is a
+static jit argument — naming its ``kind`` and giving
 
 * ``context``: tokens of left context a prediction may read;
-* ``logits(params, tokens int32[B, S]) -> float[B, S, V]``: position ``p`` predicts token
-  ``p + 1``; ``params`` is a pytree of arrays, always a jit argument, never a constant;
 * ``forward_flops(seq_len) -> float``: analytic forward FLOPs per predicted token;
 * ``eval_seq_len``: targets per evaluation window;
 * optionally ``fixed_params``: top-level parameter names that are inputs, never trained;
 * optionally ``step_inputs(step, steps) -> dict``: per-step inputs (e.g. self-guided training's
   ``guide_alpha``) merged into the params of that training step, and ``step_forward_flops(seq_len,
   inputs)``: the forward FLOPs of a step with those inputs.
+
+The code of a kind is found here, by the config's ``kind`` (:data:`KINDS`); a model of a kind
+this registry does not know (a third-party model trained by saffu's trainer) brings its own
+``init(key)`` and ``logits(params, tokens)`` methods, which these functions call:
+
+* :func:`model_init` ``(config, key) -> params``: random init (cold start), a pytree of arrays;
+* :func:`model_logits` ``(config, params, tokens int32[B, S]) -> float[B, S, V]``: position ``p``
+  predicts token ``p + 1``; ``params`` is always a jit argument, never a constant;
+* :func:`config_from_dict`: a config back from its ``dataclasses.asdict`` form (a run's
+  ``config.json``).
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from saffu._io import SaffuError
+from saffu.configs import BigramConfig, ExactConfig, FactorisedConfig, Params, ResidualConfig, SaffuConfig, TransformerConfig
+from saffu.models import bigram, exact, factorised, transformer
+from saffu.models import saffu as saffu_model
 
-Params = dict[str, Any]
+#: Every model kind: its config class, and (but the residual's, which wraps the others and
+#: imports this module) its random init and its logits, ``(params, config, tokens)``.
+KINDS = {"saffu": (SaffuConfig, saffu_model.init_params, saffu_model.saffu_logits),
+         "transformer": (TransformerConfig, transformer.transformer_init, transformer.transformer_logits),
+         "exact": (ExactConfig, None, exact.exact_logits),
+         "factorised": (FactorisedConfig, factorised.init_params, factorised.factorised_logits),
+         "bigram": (BigramConfig, None, lambda params, config, tokens: bigram.bigram_logits(params, tokens)),
+         "residual": (ResidualConfig, None, None)}
+
+
+def _kind(config) -> str:
+    """``config``'s registered kind, or ``"external"`` for a model that brings its own ``logits``."""
+    kind = getattr(config, "kind", None)
+    if kind in KINDS:
+        return kind
+    if callable(getattr(config, "logits", None)):
+        return "external"
+    raise SaffuError(f"not a model config: {type(config).__name__} (kinds: {', '.join(KINDS)}; or a model with "
+                     f"its own init and logits methods)")
+
+
+def trainable(config) -> bool:
+    """Whether a model kind has a random init (and so can be trained from one): all but the
+    exact model and the bigram layer, which are solved."""
+    kind = _kind(config)
+    return kind in ("residual", "external") or KINDS[kind][1] is not None
+
+
+def model_init(config, key: jax.Array) -> Params:
+    """Random init (cold start) of any model kind with a trainable init: a pytree of arrays.
+    A residual's is its trainable part with the output layer at zero
+    (:func:`saffu.models.residual.residual_init`; the explicit tables are added by
+    :func:`~saffu.models.residual.with_explicit`)."""
+    kind = _kind(config)
+    if kind == "external":
+        return config.init(key)
+    if kind == "residual":
+        from saffu.models.residual import residual_init  # the residual wraps the other kinds
+        return residual_init(config, key)
+    init = KINDS[kind][1]
+    if init is None:
+        raise SaffuError(f"a {kind} model has no random init: it is solved (its explicit solution is its start)")
+    return init(config, key)
+
+
+def model_logits(config, params: Params, tokens: jax.Array) -> jax.Array:
+    """Logits of any model kind: ``tokens int32[B, S]`` -> ``float[B, S, V]``, position ``p``
+    predicting token ``p + 1``."""
+    kind = _kind(config)
+    if kind == "external":
+        return config.logits(params, tokens)
+    if kind == "residual":
+        from saffu.models.residual import residual_logits
+        return residual_logits(params, config, tokens)
+    return KINDS[kind][2](params, config, tokens)
+
+
+def config_from_dict(fields: dict):
+    """A model config from its ``dataclasses.asdict`` form (``kind`` names its class; no
+    ``kind``: SAFFU, as runs saved before kinds were recorded)."""
+    kind = fields.get("kind", "saffu")
+    if kind not in KINDS:
+        raise SaffuError(f"unknown model kind {kind!r}; this saffu knows {', '.join(KINDS)}")
+    if kind == "residual":   # the two parts are configs of their own
+        fields = {**fields, "base": config_from_dict(fields["base"]), "explicit": config_from_dict(fields["explicit"]),
+                  "fold_runs": tuple(fields.get("fold_runs", ())), "fold_sha256": tuple(fields.get("fold_sha256", ()))}
+    if kind == "exact":     # JSON lists back to the hashable tuples of the config
+        fields = {**fields, "groups": tuple(tuple(g) for g in fields["groups"]), "buckets": tuple(fields["buckets"])}
+    if kind == "saffu" and "exact_positions" in fields:
+        fields = {**fields, "exact_positions": tuple(fields["exact_positions"])}
+    if kind == "bigram":
+        fields = {k: v for k, v in fields.items() if k != "kind"}
+    return KINDS[kind][0](**fields)
 
 
 def window_nll(params: Params, config, windows: jax.Array, mask: jax.Array) -> jax.Array:
@@ -33,7 +117,7 @@ def window_nll(params: Params, config, windows: jax.Array, mask: jax.Array) -> j
     ``R = config.context`` tokens are context only; zero where ``mask bool[B, T]`` is False.
     ``config`` is any model config (see the module docstring)."""
     context = config.context
-    logits = config.logits(params, windows)[:, context - 1:-1]
+    logits = model_logits(config, params, windows)[:, context - 1:-1]
     targets = windows[:, context:]
     log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     return -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0] * mask

@@ -10,7 +10,8 @@ explicit model; the explicit tables are inputs (``fixed_params``): the trainer n
 differentiates or updates them, and :func:`residual_logits` stops their gradient as well.
 Parameters::
 
-    {"model": f_θ's params, "scale": float32[] (λ), "explicit": the exact model's params}
+    {"model": f_θ's params, "scale": float32[] (λ), "explicit": the exact model's params,
+     and f_θ's fixed inputs beside them (SAFFU's "codes")}
 
 With an annealed ``λ`` (``scale="annealed"``) ``"scale"`` is not a parameter but a per-step
 input (:meth:`saffu.configs.ResidualConfig.step_inputs`); without it the logits are ``f_θ``'s
@@ -19,14 +20,11 @@ alone and the explicit tables are not read — the trained model after its annea
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 
-from saffu.configs import ResidualConfig
-
-Params = dict[str, Any]
+from saffu.configs import Params, ResidualConfig
+from saffu.models.interface import model_init, model_logits
 
 
 def zero_output(kind: str, params: Params) -> Params:
@@ -69,7 +67,9 @@ def residual_init(config: ResidualConfig, key: jax.Array) -> Params:
     """The trainable part at step 0: ``f_θ`` randomly initialised (``config.base.init``) with
     its output layer at zero, and ``λ = config.scale_init`` (annealed: no ``"scale"``; the
     trainer passes each step's ``λ``)."""
-    model = {"model": zero_output(config.base.kind, config.base.init(key))}
+    base = zero_output(config.base.kind, model_init(config.base, key))
+    fixed = {name: base.pop(name) for name in getattr(config.base, "fixed_params", ()) if name in base}
+    model = {"model": base, **fixed}       # f_θ's fixed inputs (SAFFU's codes) beside it, never trained
     if config.scale == "annealed":
         return model
     return {**model, "scale": jnp.asarray(config.scale_init, jnp.float32)}
@@ -90,19 +90,25 @@ def explicit_log_probs(params: Params, config: ResidualConfig, tokens: jax.Array
     table is copied); otherwise the whole split's (``params["explicit"]``)."""
     if "fold" in params:
         folds = jax.tree.map(jax.lax.stop_gradient, params["folds"])
-        branches = [lambda tokens, tables=tables: config.explicit.logits(tables, tokens).astype(jnp.float32)
+        branches = [lambda tokens, tables=tables: model_logits(config.explicit, tables, tokens).astype(jnp.float32)
                     for tables in folds]
         logits = jax.lax.switch(params["fold"], branches, tokens)
     else:
         frozen = jax.tree.map(jax.lax.stop_gradient, params["explicit"])
-        logits = config.explicit.logits(frozen, tokens).astype(jnp.float32)
+        logits = model_logits(config.explicit, frozen, tokens).astype(jnp.float32)
     return jax.nn.log_softmax(logits, axis=-1)
+
+
+def base_params(params: Params, config: ResidualConfig) -> Params:
+    """``f_θ``'s whole params: ``params["model"]`` with its fixed inputs (SAFFU's codes), which
+    the residual keeps beside it."""
+    return {**params["model"], **{name: params[name] for name in getattr(config.base, "fixed_params", ())}}
 
 
 def residual_logits(params: Params, config: ResidualConfig, tokens: jax.Array) -> jax.Array:
     """``λ · log P_explicit + f_θ``: ``int32[B, S]`` -> ``float32[B, S, V]``; ``f_θ`` alone
     when ``params`` hold no ``"scale"`` (an annealed residual after its anneal)."""
-    trained = config.base.logits(params["model"], tokens)
+    trained = model_logits(config.base, base_params(params, config), tokens)
     if "scale" not in params:
         return trained
     return params["scale"].astype(trained.dtype) * explicit_log_probs(params, config, tokens).astype(trained.dtype) \

@@ -25,14 +25,15 @@ next token) at every position. The whole stack is causal and runs over all posit
 batch of sequences in one jitted call. Parameters are plain arrays in a nested dict
 ``{"blocks": {0: {...}, 1: ...}}``: the :class:`Saffu` NNX module holds them as ``nnx.Param``
 and the pure functions here compute with the dict (what the trainer and the explicit solver
-use).
+use). The cipher codes ``C float32[V, K]`` are the parameter ``params["codes"]``: a fixed input
+(:attr:`SaffuConfig.fixed_params`), never trained, and like every parameter a jit argument, never
+a constant of an executable.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -40,30 +41,38 @@ import numpy as np
 from flax import nnx
 
 from saffu._io import SaffuError
-from saffu.configs import CipherConfig, SaffuConfig
+from saffu.configs import CipherConfig, Params, SaffuConfig
 from saffu.data.tokenizer import EOD_ID, PAD_ID
 from saffu.engine.codes import bit_cipher_codes
 from saffu.models.exact import document_contexts, table_rows
 from saffu.models.structured import apply_structure, from_dense
 
 
-Params = dict[str, Any]
-
-
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=4)
 def _codes(vocab_size: int, bits: int) -> np.ndarray:
-    return bit_cipher_codes(vocab_size, CipherConfig(bits=bits)).astype(np.float32)
+    """The host array of :func:`cipher_table` (read-only: one copy serves every caller)."""
+    codes = bit_cipher_codes(vocab_size, CipherConfig(bits=bits)).astype(np.float32)
+    codes.setflags(write=False)
+    return codes
 
 
 def cipher_table(config: SaffuConfig) -> jax.Array:
-    """Fixed (untrained) cipher codes ``C``, ``float32[V, K]``."""
+    """The fixed (untrained) cipher codes ``C`` of ``config``, ``float32[V, K]``: the value of
+    ``params["codes"]`` (:func:`init_params`, the explicit solution). Host side only: a jitted
+    function reads the codes from its params argument, never from here."""
     return jnp.asarray(_codes(config.vocab_size, config.bits))
 
 
+def _codes_of(params: Params) -> jax.Array:
+    """``params["codes"]``, a fixed input: no gradient flows into it."""
+    return jax.lax.stop_gradient(params["codes"])
+
+
 def init_params(config: SaffuConfig, key: jax.Array, scale: float = 0.02) -> Params:
-    """Random init (cold start): weights ``N(0, scale²)``, biases 0. Returns the params dict
-    (the cipher part only: exact features, :attr:`SaffuConfig.exact_positions`, come from data
-    — :func:`saffu.solve.saffu.solve_explicit` adds them as ``params["exact"]``)."""
+    """Random init (cold start): weights ``N(0, scale²)``, biases 0, and the fixed cipher codes
+    ``"codes"`` (:func:`cipher_table`). Returns the params dict (the cipher part only: exact
+    features, :attr:`SaffuConfig.exact_positions`, come from data —
+    :func:`saffu.solve.stack.solve_explicit` adds them as ``params["exact"]``)."""
     K, V = config.dim, config.vocab_size
     blocks = {}
     for index, block_key in enumerate(jax.random.split(key, config.blocks)):
@@ -79,7 +88,7 @@ def init_params(config: SaffuConfig, key: jax.Array, scale: float = 0.02) -> Par
             block["output_weights"] = scale * jax.random.normal(next(keys), (D, V))
         block["output_bias"] = jnp.zeros((V,))
         blocks[index] = structure_chain(block, config)
-    return {"blocks": blocks}
+    return {"blocks": blocks, "codes": cipher_table(config)}
 
 
 def structure_chain(block: Params, config: SaffuConfig) -> Params:
@@ -188,8 +197,9 @@ def block_logits(block: Params, config: SaffuConfig, X: jax.Array) -> jax.Array:
 
 
 def block_inputs(params: Params, config: SaffuConfig, tokens: jax.Array, upto: int) -> tuple[jax.Array, jax.Array]:
-    """The sequence block ``upto`` reads, ``[B, S, K]``, and the visibility mask ``[B, S, M]``."""
-    codes = cipher_table(config)
+    """The sequence block ``upto`` reads, ``[B, S, K]``, and the visibility mask ``[B, S, M]``
+    (from ``params["codes"]`` and the first ``upto`` blocks of ``params["blocks"]``)."""
+    codes = _codes_of(params)
     sequence = codes[tokens]
     visible = same_document(tokens, config.radius)
     for index in range(upto):
@@ -202,7 +212,7 @@ def saffu_logits(params: Params, config: SaffuConfig, tokens: jax.Array) -> jax.
     """Next-token logits at every position: ``tokens int32[B, S]`` -> ``float32[B, S, V]``
     (position ``p`` predicts token ``p + 1``)."""
     sequence, visible = block_inputs(params, config, tokens, config.blocks - 1)
-    X = block_windows(sequence, visible, cipher_table(config)[PAD_ID])
+    X = block_windows(sequence, visible, _codes_of(params)[PAD_ID])
     logits = block_logits(params["blocks"][config.blocks - 1], config, X)
     if config.exact_positions:
         logits = logits + exact_features(params["exact"], config, tokens)
@@ -213,7 +223,7 @@ def saffu_attention(params: Params, config: SaffuConfig, tokens: jax.Array) -> l
     """Per block, its heads' attention ``[float32[B, S, M_h]]`` (:func:`head_attention`: query
     position × offset) and the visibility ``bool[B, S, M]`` of each offset (an invisible row is
     the boundary code, not a position) for ``tokens int32[B, S]``."""
-    codes = cipher_table(config)
+    codes = _codes_of(params)
     sequence, visible = codes[tokens], same_document(tokens, config.radius)
     maps = []
     for index in range(config.blocks):             # one pass up the stack, as block_inputs goes
@@ -242,7 +252,7 @@ def inherit_blocks(params: Params, config: SaffuConfig, blocks: int) -> tuple[Sa
 def grow_block(params: Params, config: SaffuConfig, block: Params) -> tuple[SaffuConfig, Params]:
     """Inheritune's growth of a SAFFU stack: ``params`` (``config.blocks = k`` blocks) with
     ``block`` appended as block ``k`` (a reference's block ``k``, or one solved on top of the stack:
-    :func:`saffu.solve.saffu.solve_explicit` with ``below``); the first ``k`` blocks stay as they
+    :func:`saffu.solve.stack.solve_explicit` with ``below``); the first ``k`` blocks stay as they
     are. ``block`` must have the shapes of a block of ``config``. Returns the config of ``k + 1``
     blocks and its params."""
     template = init_params(dataclasses.replace(config, blocks=1), jax.random.key(0))["blocks"][0]
@@ -253,6 +263,10 @@ def grow_block(params: Params, config: SaffuConfig, block: Params) -> tuple[Saff
     k = config.blocks
     grown = {**params, "blocks": {**params["blocks"], k: jax.tree.map(jnp.array, block)}}
     return dataclasses.replace(config, blocks=k + 1), grown
+
+
+class Codes(nnx.Variable):
+    """The fixed cipher codes of a :class:`Saffu` module: an input, not an ``nnx.Param``."""
 
 
 class SaffuBlock(nnx.Module):
@@ -269,11 +283,13 @@ class Saffu(nnx.Module):
     def __init__(self, config: SaffuConfig, *, rngs: nnx.Rngs, params: Params | None = None):
         self.config = config
         params = params if params is not None else init_params(config, rngs.params())
+        self.codes = Codes(jnp.asarray(params["codes"]) if "codes" in params else cipher_table(config))
         self.blocks = nnx.List([SaffuBlock(params["blocks"][i]) for i in range(config.blocks)])
 
     def params(self) -> Params:
-        """The pure parameter dict (same structure as :func:`init_params`)."""
-        return nnx.to_pure_dict(nnx.state(self, nnx.Param))
+        """The pure parameter dict (same structure as :func:`init_params`): the trained
+        ``nnx.Param`` arrays and the fixed ``"codes"``."""
+        return {**nnx.to_pure_dict(nnx.state(self, nnx.Param)), "codes": self.codes.get_value()}
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
         return saffu_logits(self.params(), self.config, tokens)

@@ -25,22 +25,27 @@ dense path is not computed at all.
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from saffu._io import SaffuError
-from saffu.configs import STRUCTURES, factor_shapes, guide_alpha, structure_params, structure_size
-
-
-Params = dict[str, Any]
+from saffu.configs import STRUCTURES, Params, factor_shapes, guide_alpha, structure_params, structure_size
 
 # the sizing and the α schedule are plain Python, so they live with the configs (no jax there)
-__all__ = ["STRUCTURES", "FACTORS", "structure_size", "factor_shapes", "structure_params", "guide_alpha",
-           "apply_structure", "to_dense", "from_dense", "StructuredLinear"]
+__all__ = [
+    "FACTORS",
+    "STRUCTURES",
+    "StructuredLinear",
+    "apply_structure",
+    "factor_shapes",
+    "from_dense",
+    "guide_alpha",
+    "structure_params",
+    "structure_size",
+    "to_dense",
+]
 
 FACTORS = {"dense": ("kernel",), "lowrank": ("down", "up"), "blockdense": ("blocks", "up"),
            "blockshuffle": ("first", "second")}

@@ -1,13 +1,11 @@
 """The baseline: a standard decoder-only transformer in flax NNX (pre-norm, learned absolute
 positions, GELU MLP, untied output layer with or without a bias), trained by the same trainer on the same windows.
 
-It speaks the same model interface as :class:`saffu.models.saffu.SaffuConfig`, so
-:func:`saffu.training.trainer.train`, evaluation, sampling and BLiMP scoring take either:
-
-* ``config.context`` — tokens of left context before the targets of a window,
-* ``config.init(key) -> params`` — a nested dict of arrays (random init),
-* ``config.logits(params, tokens int32[B, S]) -> float32[B, S, V]``,
-* ``config.forward_flops(seq_len) -> float`` — analytic forward FLOPs per predicted token.
+It speaks the model interface every kind does (:mod:`saffu.models.interface`), so
+:func:`saffu.training.trainer.train`, evaluation, sampling and BLiMP scoring take it like any
+other: :func:`transformer_init` ``(config, key) -> params`` (a nested dict of arrays) and
+:func:`transformer_logits` ``(params, config, tokens int32[B, S]) -> float32[B, S, V]`` are
+what ``model_init`` and ``model_logits`` call for ``kind="transformer"``.
 
 Attention is causal and never crosses an ``<eod>``: position ``p`` sees ``q ≤ p`` iff no
 ``<eod>`` lies in ``(q, p]`` (as the SAFFU windows do), so a window that starts inside an
@@ -19,19 +17,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from saffu._io import SaffuError
-from saffu.configs import EXPLICIT_PIECES, TransformerConfig
+from saffu.configs import EXPLICIT_PIECES, Params, TransformerConfig
 from saffu.data.tokenizer import EOD_ID
 from saffu.models.structured import StructuredLinear, from_dense, structure_size
-
-
-Params = dict[str, Any]
 
 
 def _mlp_layer(config: TransformerConfig, n_in: int, n_out: int, rngs: nnx.Rngs) -> nnx.Module:

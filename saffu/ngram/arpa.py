@@ -13,8 +13,8 @@ from __future__ import annotations
 import gc
 import math
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -22,7 +22,6 @@ from saffu._io import SaffuError, atomic_open
 from saffu.data.tokenizer import EOD_ID, PAD_ID
 from saffu.ngram.counts import lookup
 from saffu.ngram.kneser_ney import KneserNeyModel
-
 
 _LN10 = math.log(10.0)
 

@@ -25,7 +25,8 @@ itself), so every key stays below ``(table size) · V``.
 from __future__ import annotations
 
 import functools
-from typing import Iterator, NamedTuple
+from collections.abc import Iterator
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -37,7 +38,7 @@ from saffu.data.tokenizer import EOD_ID, PAD_ID
 from saffu.data.windows import window_at
 from saffu.engine import distributed
 from saffu.engine.accumulators import document_context
-
+from saffu.engine.rows import unique_rows
 
 _MERGE_ROWS = 1 << 22          # distinct rows kept pending before a merge
 
@@ -76,18 +77,14 @@ def gather(values: np.ndarray, index: np.ndarray) -> np.ndarray:
     return np.where(index >= 0, values[np.maximum(index, 0)], 0.0)
 
 
-@functools.lru_cache(maxsize=16)
-def _rows_step(radius: int, columns: tuple[int, ...]):
-    """Jitted ``int32[R + C] window -> int32[C, len(columns) + 1]`` rows: the in-document context
-    tokens at ``columns`` (``δ`` = positions before the head, the head being ``δ = 0``; ``<pad>``
-    where the document has no token), then the target."""
-
-    @jax.jit
-    def rows(window):
-        context, targets = document_context(window, radius)
-        return jnp.concatenate([context[:, list(columns)], targets[:, None]], axis=1)
-
-    return rows
+@functools.partial(jax.jit, static_argnames=("radius", "columns"))
+def _rows_step(window: jax.Array, radius: int, columns: tuple[int, ...]) -> jax.Array:
+    """``int32[R + C] window -> int32[C, len(columns) + 1]`` rows: the in-document context tokens
+    at ``columns`` (``δ`` = positions before the head, the head being ``δ = 0``; ``<pad>`` where
+    the document has no token), then the target. One module-level jit: the radius and the
+    columns are its static configuration, the window its argument."""
+    context, targets = document_context(window, radius)
+    return jnp.concatenate([context[:, list(columns)], targets[:, None]], axis=1)
 
 
 def check_range(stream: np.ndarray, begin: int, end: int | None) -> int:
@@ -107,7 +104,7 @@ def iter_rows(stream: np.ndarray, columns: tuple[int, ...], begin: int, end: int
     """Rows (see :func:`_rows_step`) of targets ``[begin, end)``, a chunk at a time;
     ``columns`` are context offsets (:func:`ngram_columns` for n-grams)."""
     radius = max(max(columns, default=0) + 1, 1)
-    step = _rows_step(radius, tuple(columns))
+    columns = tuple(int(c) for c in columns)
     if (np.asarray(stream[max(begin - radius, 0):begin]) >= vocab_size).any():
         raise SaffuError(f"the stream holds token ids ≥ the vocabulary size {vocab_size}; "
                          f"use the model of this work directory's vocabulary")
@@ -115,7 +112,7 @@ def iter_rows(stream: np.ndarray, columns: tuple[int, ...], begin: int, end: int
               disable=progress is None, leave=False) as bar:
         for first in range(begin, end, chunk_size):
             window, mask = window_at(stream, first, end, radius, chunk_size)
-            rows = np.asarray(step(window))[:int(mask.sum())]
+            rows = np.asarray(_rows_step(window, radius=radius, columns=columns))[:int(mask.sum())]
             targets = rows[:, -1]
             if (targets == PAD_ID).any():
                 raise SaffuError("the stream holds <pad> tokens; token streams never contain <pad> "
@@ -125,21 +122,6 @@ def iter_rows(stream: np.ndarray, columns: tuple[int, ...], begin: int, end: int
                                  f"of this work directory's vocabulary")
             bar.update(len(rows))
             yield rows
-
-
-def _unique_rows(rows: np.ndarray, counts: np.ndarray, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Distinct rows of ``int32[M, n]`` with summed ``int64`` counts (exact: hierarchical
-    keys, never more than ``M · V``)."""
-    ids = np.zeros(len(rows), np.int64)
-    for column in range(rows.shape[1]):
-        _, ids = np.unique(ids * vocab_size + rows[:, column], return_inverse=True)
-        ids = ids.reshape(-1)
-    size = int(ids.max()) + 1 if len(ids) else 0
-    first = np.full(size, len(rows), np.int64)
-    np.minimum.at(first, ids, np.arange(len(rows)))
-    summed = np.zeros(size, np.int64)
-    np.add.at(summed, ids, counts)
-    return rows[first], summed
 
 
 def count_rows(stream: np.ndarray, columns: tuple[int, ...], ranges: list[tuple[int, int]], *,
@@ -175,26 +157,19 @@ def count_rows(stream: np.ndarray, columns: tuple[int, ...], ranges: list[tuple[
     pending = 0
     for begin, end in local:
         for rows in iter_rows(stream, columns, begin, end, vocab_size, chunk_size, progress):
-            rows, counts = _unique_rows(rows, np.ones(len(rows), np.int64), vocab_size)
+            rows, counts = unique_rows(rows, np.ones(len(rows), np.int64), vocab_size)
             pending_rows.append(rows)
             pending_counts.append(counts)
             pending += len(rows)
             if pending > _MERGE_ROWS and len(pending_rows) > 1:
-                merged = _unique_rows(np.concatenate(pending_rows), np.concatenate(pending_counts), vocab_size)
+                merged = unique_rows(np.concatenate(pending_rows), np.concatenate(pending_counts), vocab_size)
                 pending_rows, pending_counts, pending = [merged[0]], [merged[1]], len(merged[0])
-    rows, counts = (_unique_rows(np.concatenate(pending_rows), np.concatenate(pending_counts), vocab_size)
+    rows, counts = (unique_rows(np.concatenate(pending_rows), np.concatenate(pending_counts), vocab_size)
                     if pending_rows else (np.zeros((0, len(columns) + 1), np.int32), np.zeros(0, np.int64)))
     rows, counts = distributed.merge_rows_over_processes(rows, counts, vocab_size)
     if not len(rows):
         raise SaffuError(f"no targets to count in {ranges}")
     return rows, counts
-
-
-def merge_rows(parts: list[tuple[np.ndarray, np.ndarray]], vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Several :func:`count_rows` results (ranges, hosts) as one: distinct rows, summed exact counts."""
-    rows = np.concatenate([r for r, _ in parts])
-    counts = np.concatenate([c for _, c in parts])
-    return _unique_rows(rows, counts, vocab_size)
 
 
 def count_ngrams(stream: np.ndarray, order: int, *, vocab_size: int | None = None, begin: int = 1,

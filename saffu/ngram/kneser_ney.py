@@ -29,14 +29,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from saffu._io import SaffuError
 from saffu.data.tokenizer import EOD_ID, PAD_ID
 from saffu.ngram.counts import NgramTable, check_range, count_ngrams, gather, iter_rows, lookup, ngram_columns
-
 
 FALLBACK_DISCOUNTS = (0.5, 1.0, 1.5)
 

@@ -1,2 +1,3 @@
-"""Explicit (closed-form) solutions: the SAFFU stack stage by stage (``saffu``) and the cipher
-bigram layer and unigram model (``bigram``). Each returns the parameter pytree of its model."""
+"""Explicit (closed-form) solutions: the SAFFU stack stage by stage (``stack``), the cipher
+bigram layer and unigram model (``bigram``), the exact token-resolution groups (``exact``) and
+their explicit low-rank factors (``factors``). Each returns the parameter pytree of its model."""

@@ -24,7 +24,7 @@ from saffu.data.workdir import WorkDir
 from saffu.engine.accumulators import accumulate, blend_background, offset_cooccurrence, unigram_counts
 from saffu.engine.codes import bit_cipher_codes, code_background, sparse_bit_cipher
 from saffu.engine.explicit import calibrate_temperature, explicit_softmax_weights, unigram_prior
-from saffu.eval.metrics import pair_counts
+from saffu.engine.rows import pair_counts
 from saffu.models.bigram import Params, bigram_nll
 
 
@@ -81,7 +81,7 @@ def unigram_log_prior(workdir: WorkDir, progress: bool = True) -> np.ndarray:
 
 
 def unigram_nll(log_prior: np.ndarray, pairs: tuple[np.ndarray, np.ndarray, np.ndarray]) -> float:
-    """Total NLL (nats) of :func:`saffu.eval.metrics.pair_counts` pairs under the unigram ``log_prior``."""
+    """Total NLL (nats) of :func:`saffu.engine.rows.pair_counts` pairs under the unigram ``log_prior``."""
     _, targets, counts = pairs
     return float(-(counts * log_prior[targets]).sum())
 

@@ -324,6 +324,11 @@ def _newton_terms(params: Params, config, rows_fn, windows: jax.Array, mask: jax
     return jnp.sum(weight * nll), grad, hess, jnp.sum(weight)
 
 
+#: :func:`_newton_terms` jitted once: the config and ``rows_fn`` (a module-level function) are its
+#: static configuration, the params and the batch its arguments.
+_newton_step = jax.jit(_newton_terms, static_argnums=(1, 2))
+
+
 def _penalty(G: int, B: int, strength: float) -> np.ndarray:
     """``P`` of the smoothness penalty ``½ βᵀ P β = ½ strength · Σ_g Σ_b (β[g, b+1] − β[g, b])²``:
     neighbouring count buckets of a group get similar temperatures (a bucket that few held-out
@@ -354,7 +359,6 @@ def calibrate(params: Params, config, stream: np.ndarray, ranges: list[tuple[int
     """
     batches = [(jnp.asarray(w), jnp.asarray(m)) for w, m in range_windows(stream, ranges, config.context, seq_len,
                                                                           batch_size)]
-    step = jax.jit(_newton_terms, static_argnums=(1, 2))
     G, B = params["beta"].shape
     evaluations = 0.0
     penalty = _penalty(G, B, smoothness)
@@ -366,7 +370,7 @@ def calibrate(params: Params, config, stream: np.ndarray, ranges: list[tuple[int
         current = {**params, "beta": jnp.asarray(beta.reshape(G, B), jnp.float32)}
         total, grad, hess, count = 0.0, np.zeros(G * B), np.zeros((G * B, G * B)), 0.0
         for windows, mask in used:
-            l, gr, h, c = step(current, config, rows_fn, windows, mask)
+            l, gr, h, c = _newton_step(current, config, rows_fn, windows, mask)
             total, grad, hess, count = (total + float(l), grad + np.asarray(gr, np.float64),
                                         hess + np.asarray(h, np.float64), count + float(c))
         return total / count, grad / count, hess / count

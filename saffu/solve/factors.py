@@ -28,8 +28,10 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -117,23 +119,44 @@ def offset_targets(rows: np.ndarray, counts: np.ndarray, prior: np.ndarray, mu: 
 REFINE_BLOCK_BYTES = 1 << 23
 
 
-def _refine_blocks(targets, vocab_size: int):
-    """Row blocks of every offset's targets, padded to one shape: ``(offset, first row, rows
-    int32[K], cols int32[K], values float32[K], n float32[b], prior weight float32[b], Σ n)``."""
+class RefineBlocks(NamedTuple):
+    """Every refined offset's targets in row blocks of ``size`` rows, stacked (one compiled shape):
+    block ``i`` covers rows ``start[i] … start[i] + size`` of offset ``offset[i]``; its seen targets
+    are ``values`` at ``(rows, cols)`` (padding: weight 0 at ``(0, 0)``), ``n`` and ``smooth`` are
+    ``n(c)`` and the prior's weight ``ρ_c μ_c`` of its rows (0 past ``V``), ``weight`` is ``Σ n``
+    over every block (the loss's normaliser)."""
+
+    offset: jax.Array      # int32[N]
+    start: jax.Array       # int32[N]
+    rows: jax.Array        # int32[N, C]
+    cols: jax.Array        # int32[N, C]
+    values: jax.Array      # float32[N, C]
+    n: jax.Array           # float32[N, size]
+    smooth: jax.Array      # float32[N, size]
+    weight: float
+
+
+def _refine_blocks(targets, vocab_size: int) -> tuple[int, RefineBlocks]:
+    """Row blocks of every offset's targets, padded to one shape and stacked: ``(block rows,
+    RefineBlocks)``."""
     V = vocab_size
     fit = max(REFINE_BLOCK_BYTES // (4 * V), 1)
     size = int(min(1 << (fit.bit_length() - 1), V))
     slices = [(p, start, W[start:start + size].tocoo(), n[start:start + size], smooth[start:start + size])
               for p, (W, n, smooth) in enumerate(targets) for start in range(0, V, size)]
     capacity = max(1, max(part.nnz for _, _, part, _, _ in slices))
-    blocks = []
-    for p, start, part, n, smooth in slices:
-        rows, cols, values = (np.zeros(capacity, np.int32), np.zeros(capacity, np.int32),
-                              np.zeros(capacity, np.float32))          # padding: weight 0 at (0, 0)
-        rows[:part.nnz], cols[:part.nnz], values[:part.nnz] = part.row, part.col, part.data
-        blocks.append((p, start, *map(jnp.asarray, (rows, cols, values)),
-                       jnp.asarray(np.pad(n, (0, size - len(n))), jnp.float32),
-                       jnp.asarray(np.pad(smooth, (0, size - len(smooth))), jnp.float32), float(n.sum())))
+    count = len(slices)
+    rows, cols = np.zeros((count, capacity), np.int32), np.zeros((count, capacity), np.int32)
+    values = np.zeros((count, capacity), np.float32)                   # padding: weight 0 at (0, 0)
+    n_rows, smooth_rows = np.zeros((count, size), np.float32), np.zeros((count, size), np.float32)
+    weight = 0.0
+    for i, (_, _, part, n, smooth) in enumerate(slices):
+        rows[i, :part.nnz], cols[i, :part.nnz], values[i, :part.nnz] = part.row, part.col, part.data
+        n_rows[i, :len(n)], smooth_rows[i, :len(smooth)] = n, smooth
+        weight += float(n.sum())
+    blocks = RefineBlocks(jnp.asarray([p for p, *_ in slices], jnp.int32),
+                          jnp.asarray([start for _, start, *_ in slices], jnp.int32),
+                          *map(jnp.asarray, (rows, cols, values, n_rows, smooth_rows)), weight)
     return size, blocks
 
 
@@ -145,7 +168,35 @@ def _block_loss(E_block, B, log_prior, prior, rows, cols, values, n, smooth):
     return jnp.sum(n * jax.nn.logsumexp(z, axis=1)) - jnp.sum(T * z)
 
 
-_block_loss_grads = jax.jit(jax.value_and_grad(_block_loss, argnums=(0, 1)))
+def _loss_grads(E, B, log_prior, prior, blocks: RefineBlocks, size: int):
+    """:func:`statistics_loss` traced: the blocks in order (one block's ``size × V`` logits live
+    at a time), each block's gradient added into the rows it covers."""
+    _, V, r = E.shape
+    padded = jnp.pad(E, ((0, 0), (0, -V % size), (0, 0)))
+    block_grads = jax.value_and_grad(_block_loss, argnums=(0, 1))
+
+    def one(carry, block):
+        total, grad_E, grad_B = carry
+        p, start, rows, cols, values, n, smooth = block
+        E_block = jax.lax.dynamic_slice(padded[p], (start, 0), (size, r))
+        loss, (g_E, g_B) = block_grads(E_block, B, log_prior, prior, rows, cols, values, n, smooth)
+        grad_E = jax.lax.dynamic_update_slice(grad_E, g_E[None], (p, start, 0))   # blocks never overlap
+        return (total + loss, grad_E, grad_B + g_B), None
+
+    init = (jnp.zeros((), jnp.float32), jnp.zeros_like(padded), jnp.zeros_like(B))
+    (total, grad_E, grad_B), _ = jax.lax.scan(one, init, tuple(blocks)[:7])
+    weight = blocks.weight
+    return total / weight, grad_E[:, :V] / weight, grad_B / weight
+
+
+@functools.partial(jax.jit, static_argnames=("size",))
+def _statistics_loss(E, B, log_prior, prior, blocks: RefineBlocks, size: int):
+    return _loss_grads(E, B, log_prior, prior, blocks, size)
+
+
+def _priors(prior: np.ndarray) -> tuple[jax.Array, jax.Array]:
+    """``log p`` and ``p`` as float32 jit arguments."""
+    return jnp.asarray(np.log(prior), jnp.float32), jnp.asarray(prior, jnp.float32)
 
 
 def statistics_loss(E: jax.Array, B: jax.Array, prior: np.ndarray, blocks) -> tuple[float, jax.Array, jax.Array]:
@@ -162,18 +213,25 @@ def statistics_loss(E: jax.Array, B: jax.Array, prior: np.ndarray, blocks) -> tu
     ``blocks`` leave out) and ``float32[r, V]``.
     """
     size, parts = blocks
-    P, V, r = E.shape
-    log_prior, prior32 = jnp.asarray(np.log(prior), jnp.float32), jnp.asarray(prior, jnp.float32)
-    padded = jnp.pad(E, ((0, 0), (0, -V % size), (0, 0)))
-    total, weight, grad_B, grad_rows = 0.0, 0.0, jnp.zeros_like(B), {p: [] for p in range(P)}
-    for p, start, rows, cols, values, n, smooth, count in parts:
-        loss, (g_E, g_B) = _block_loss_grads(padded[p, start:start + size], B, log_prior, prior32, rows, cols,
-                                             values, n, smooth)
-        total, weight, grad_B = total + loss, weight + count, grad_B + g_B
-        grad_rows[p].append(g_E)
-    grad_E = jnp.stack([jnp.concatenate(grad_rows[p])[:V] if grad_rows[p] else jnp.zeros((V, r), E.dtype)
-                        for p in range(P)])
-    return float(total) / weight, grad_E / weight, grad_B / weight
+    loss, grad_E, grad_B = _statistics_loss(E, B, *_priors(prior), parts, size)
+    return float(loss), grad_E, grad_B
+
+
+@functools.partial(jax.jit, static_argnames=("size", "steps", "learning_rate", "momentum"))
+def _refine(E, B, log_prior, prior, blocks: RefineBlocks, size: int, steps: int, learning_rate: float,
+            momentum: float):
+    """``steps`` Adam steps on :func:`_loss_grads` in one executable: ``(E, B, losses float32[steps])``."""
+    optimizer = optax.adam(learning_rate, b1=momentum)
+    params = {"E": E, "B": B}
+
+    def step(carry, _):
+        params, state = carry
+        loss, grad_E, grad_B = _loss_grads(params["E"], params["B"], log_prior, prior, blocks, size)
+        updates, state = optimizer.update({"E": grad_E, "B": grad_B}, state, params)
+        return (optax.apply_updates(params, updates), state), loss
+
+    (params, _), losses = jax.lax.scan(step, (params, optimizer.init(params)), None, length=steps)
+    return params["E"], params["B"], losses
 
 
 def refine_factors(E: np.ndarray, B: np.ndarray, targets, prior: np.ndarray, steps: int, learning_rate: float,
@@ -183,21 +241,20 @@ def refine_factors(E: np.ndarray, B: np.ndarray, targets, prior: np.ndarray, ste
     of the first ``len(targets) ≤ P`` offsets: their rows of ``E`` and all of ``B`` move, the
     other offsets' rows keep the SVD's values. Every step reads those offsets' ``V`` rows
     (``3 V² r`` multiply-adds each), not the corpus; in a multi-process job every process takes
-    the same steps on the merged counts. Returns the refined ``E float32[P, V, r]``,
-    ``B float32[r, V]`` and the loss before each step (the first: the SVD's factors'; no pass
-    after the last step is spent on its loss)."""
+    the same steps on the merged counts. All the steps are one jitted call (a ``lax.scan``; the
+    statistics are its arguments, nothing is read back between steps). Returns the refined
+    ``E float32[P, V, r]``, ``B float32[r, V]`` and the loss before each step (the first: the
+    SVD's factors'; no pass after the last step is spent on its loss)."""
     if not 1 <= len(targets) <= E.shape[0]:
         raise SaffuError(f"refine {len(targets)} offsets of a model with {E.shape[0]}")
-    blocks = _refine_blocks(targets, len(prior))
-    params = {"E": jnp.asarray(E, jnp.float32), "B": jnp.asarray(B, jnp.float32)}
-    optimizer = optax.adam(learning_rate, b1=momentum)
-    state, losses = optimizer.init(params), []
-    for _ in tqdm(range(steps), desc="refine", disable=not progress):
-        loss, grad_E, grad_B = statistics_loss(params["E"], params["B"], prior, blocks)
-        updates, state = optimizer.update({"E": grad_E, "B": grad_B}, state, params)
-        params = optax.apply_updates(params, updates)
-        losses.append(loss)
-    return np.asarray(params["E"]), np.asarray(params["B"]), losses
+    size, blocks = _refine_blocks(targets, len(prior))
+    with tqdm(total=steps, desc="refine", disable=not progress or not steps, leave=False) as bar:
+        E, B, losses = _refine(jnp.asarray(E, jnp.float32), jnp.asarray(B, jnp.float32), *_priors(prior), blocks,
+                               size=size, steps=int(steps), learning_rate=float(learning_rate),
+                               momentum=float(momentum))
+        losses = [float(loss) for loss in np.asarray(losses)]
+        bar.update(steps)
+    return np.asarray(E), np.asarray(B), losses
 
 
 def factorise(matrices: list[sp.csr_matrix], row_weights: list[np.ndarray], column_weights: np.ndarray,

@@ -21,6 +21,7 @@ counted part of the training split and uses only weights already solved:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from typing import Any
 
@@ -40,11 +41,20 @@ from saffu.engine.codes import sparse_bit_cipher
 from saffu.engine.explicit import Smoothing, conditional_probabilities, unigram_prior
 from saffu.models.exact import document_contexts, table_rows
 from saffu.models.interface import window_loss
-from saffu.models.saffu import (Params, SaffuConfig, attention_values, block_inputs, block_windows, cipher_table,
-                                hidden_features, init_params, output_groups, structure_chain)
+from saffu.models.saffu import (
+    Params,
+    SaffuConfig,
+    attention_values,
+    block_inputs,
+    block_windows,
+    cipher_table,
+    hidden_features,
+    init_params,
+    output_groups,
+    structure_chain,
+)
 from saffu.ngram.counts import count_rows
 from saffu.solve.exact import build_group
-
 
 HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -55,10 +65,11 @@ def _llr(cooccurrence: np.ndarray, smoothing: Smoothing, prior: np.ndarray) -> n
 
 
 def _block_windows_for_targets(solved: Params, config: SaffuConfig, block: int, batch: Batch) -> jax.Array:
-    """Block ``block``'s windows ``X [C, M, K]`` for the targets of an accumulator batch."""
+    """Block ``block``'s windows ``X [C, M, K]`` for the targets of an accumulator batch
+    (``solved``: the codes and the blocks below, jit arguments)."""
     context = batch.window.shape[0] - batch.targets.shape[0]
     sequence, visible = block_inputs(solved, config, batch.window[None], block)
-    X = block_windows(sequence, visible, cipher_table(config)[PAD_ID])[0]
+    X = block_windows(sequence, visible, solved["codes"][PAD_ID])[0]
     return X[context - 1:-1]
 
 
@@ -96,7 +107,8 @@ def solve_explicit(workdir: WorkDir, config: SaffuConfig, solver: SolverConfig =
     solved, each reading the blocks under it — a SAFFU stack grown by explicit blocks on top of
     a trained one (Inheritune's growth). ``report["solved_blocks"]`` says how many were solved.
 
-    Returns the params dict (exactly the structure of :func:`saffu.models.saffu.init_params`) and a
+    Returns the params dict (exactly the structure of :func:`saffu.models.saffu.init_params`, the
+    fixed cipher codes ``"codes"`` included) and a
     report with the seconds of every stage, the calibrated temperatures, the holdout loss and
     the compute: ``seconds``, ``tokens_per_s`` (counted tokens per second), ``xla_flops``
     (XLA's count over every streaming pass and calibration step; XLA counts no FLOPs for the
@@ -169,7 +181,9 @@ def _solve(workdir, config, solver, mesh, progress, below=None):
     V, K, M = config.vocab_size, config.dim, config.radius
     codes = np.asarray(cipher_table(config))
     template = init_params(config, jax.random.key(0))
-    solved: Params = {"blocks": {} if below is None else _stack_below(below, config, template)}
+    # the fixed codes are a parameter (a jit argument of every pass), as in the model
+    solved: Params = {"blocks": {} if below is None else _stack_below(below, config, template),
+                      "codes": jnp.asarray(codes)}
     first = len(solved["blocks"])
     report: dict[str, Any] = {"counted_tokens": counted_end - 1, "holdout_tokens": holdout, "streaming_passes": 0,
                               "calibration_evaluations": 0, "solved_blocks": config.blocks - first}
@@ -333,6 +347,69 @@ def _scaled(block: Params, config: SaffuConfig, temperatures) -> Params:
     return out
 
 
+@functools.partial(jax.jit, static_argnames=("config",))
+def _chain_loss_and_grad(temperatures, solved, block, windows, masks, *, config):
+    """Mean holdout NLL of the chain stack ``config`` (truncated at the block being solved, its
+    top block ``block`` scaled by ``temperatures``) and its gradient in the temperatures."""
+    index = config.blocks - 1
+    count = jnp.sum(masks).astype(jnp.float32)
+
+    def loss(t):
+        params = {**solved, "blocks": {**solved["blocks"], index: _scaled(block, config, t)}}
+        step = lambda total, batch: (total + window_loss(params, config, *batch)[0], None)
+        return jax.lax.scan(step, jnp.zeros(()), (windows, masks))[0] / count
+    return jax.value_and_grad(loss)(temperatures)
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def _group_features(windows, solved, block, *, config):
+    """The direct-form feature groups ``[B, T, G, K]`` of the top block of ``config`` (the stack
+    truncated at the block being solved) at the targets of ``windows [B, R + T]``; the codes,
+    the blocks below and ``block`` are arguments, never constants."""
+    index, context = config.blocks - 1, config.context
+    sequence, visible = block_inputs(solved, config, windows, index)
+    X = block_windows(sequence, visible, solved["codes"][PAD_ID])[:, context - 1:-1]   # [B, T, M, K]
+    return output_groups(config, X, attention_values(block, config, X))
+
+
+@jax.jit
+def _project(rows, weights):
+    """``rows @ weights`` in full float32 precision on every backend (no TF32 / bf16 passes)."""
+    return jnp.matmul(rows, weights, precision=HIGHEST)
+
+
+#: An exact group's rows of distinct context tokens (:func:`saffu.models.exact.table_rows`).
+_table_rows = jax.jit(table_rows)
+
+
+@jax.jit
+def _loss_gradient_hessian(beta, bias, tables, index_of, targets, weights):
+    """Summed NLL, gradient ``[G]`` and Hessian ``[G, G]`` in the temperatures ``β`` of
+    ``logits = b + Σ_g β_g tables_g[index_of_g]`` over chunks of targets (see :func:`_newton_direct`)."""
+    G = len(tables)
+
+    def one(carry, chunk):
+        idx, y, weight = chunk
+        L = [tables[g][idx[g]] for g in range(G)]                             # G × [rows, V]
+        logits = sum(beta[g] * L[g] for g in range(G)) + bias[None, :]
+        shift = jnp.max(logits, axis=-1)
+        e = jnp.exp(logits - shift[:, None])                                   # unnormalised p
+        Z = jnp.sum(e, axis=-1)
+        picked = jnp.stack([jnp.take_along_axis(L[g], y[:, None], axis=-1)[:, 0] for g in range(G)], axis=-1)
+        mean = jnp.stack([jnp.sum(e * L[g], axis=-1) for g in range(G)], axis=-1) / Z[:, None]
+        pair = {(g, h): jnp.sum(e * L[g] * L[h], axis=-1) / Z for g in range(G) for h in range(g, G)}
+        second = jnp.stack([jnp.stack([pair[min(g, h), max(g, h)] for h in range(G)], axis=-1)
+                            for g in range(G)], axis=-2)                         # [rows, G, G]
+        nll = jnp.log(Z) + shift - picked @ beta - bias[y]
+        loss, grad, hess = carry
+        return (loss + jnp.sum(weight * nll),
+                grad + weight @ (mean - picked),
+                hess + jnp.einsum("r,rgh->gh", weight, second - mean[:, :, None] * mean[:, None, :])), None
+
+    init = (jnp.zeros(()), jnp.zeros((G,)), jnp.zeros((G, G)))
+    return jax.lax.scan(one, init, (index_of, targets, weights))[0]
+
+
 def _calibrate(solved, block, index, config, stream, counted_end, solver):
     """Minimise the holdout NLL of the stack truncated at block ``index`` over its temperatures:
     Newton's method for the direct form (convex: the logits are linear in the temperatures),
@@ -341,20 +418,10 @@ def _calibrate(solved, block, index, config, stream, counted_end, solver):
     batches = list(range_windows(stream, [(counted_end, len(stream))], truncated.context, 256, 8))
     windows = jnp.asarray(np.stack([w for w, _ in batches]))                 # [n, 8, R + 256]
     masks = jnp.asarray(np.stack([m for _, m in batches]))
-    count = float(masks.sum())
     if config.hidden == 0:
         return _newton_direct(solved, block, index, truncated, windows, masks, solver)
-
-    @jax.jit
-    def loss_and_grad(temperatures, solved, block, windows, masks):
-        def loss(t):
-            params = {"blocks": {**solved["blocks"], index: _scaled(block, config, t)}}
-            step = lambda total, batch: (total + window_loss(params, truncated, *batch)[0], None)
-            return jax.lax.scan(step, jnp.zeros(()), (windows, masks))[0] / count
-        return jax.value_and_grad(loss)(temperatures)
-
     arguments = (solved, block, windows, masks)      # weights and data are arguments, not constants
-    compiled = loss_and_grad.lower(jnp.ones(2, jnp.float32), *arguments).compile()
+    compiled = _chain_loss_and_grad.lower(jnp.ones(2, jnp.float32), *arguments, config=truncated).compile()
     fun = lambda t: tuple(np.asarray(x, np.float64) for x in compiled(jnp.asarray(t, jnp.float32), *arguments))
     result = scipy.optimize.minimize(fun, np.ones(2), jac=True, method="L-BFGS-B", bounds=[(0.0, 5.0)] * 2,
                                      options={"maxiter": solver.calibration_iterations})
@@ -377,20 +444,13 @@ def _newton_direct(solved, block, index, config, windows, masks, solver, rows: i
     Returns ``β``, the mean holdout NLL and the evaluations in whole-holdout equivalents.
     """
     context, G = config.context, config.cipher_groups
-    pad = cipher_table(config)[PAD_ID]
-
-    def group_features(w, solved, block):  # weights as arguments, never constants
-        sequence, visible = block_inputs(solved, config, w, index)
-        X = block_windows(sequence, visible, pad)[:, context - 1:-1]           # [B, T, M, K]
-        return output_groups(config, X, attention_values(block, config, X))      # [B, T, G, K]
-
-    compiled = jax.jit(group_features).lower(windows[0], solved, block).compile()
+    stack = {"blocks": solved["blocks"], "codes": solved["codes"]}       # weights as arguments, never constants
+    compiled = _group_features.lower(windows[0], stack, block, config=config).compile()
     accounting.record("calibration", compiled, len(windows))
-    features = np.concatenate([np.asarray(compiled(w, solved, block)).reshape(-1, G, config.dim) for w in windows])
+    features = np.concatenate([np.asarray(compiled(w, stack, block)).reshape(-1, G, config.dim) for w in windows])
 
-    def project(rows_, weights):  # full float32 precision on every backend (no TF32 / bf16 passes)
-        matmul = lambda a, b: jnp.matmul(a, b, precision=HIGHEST)
-        compiled = jax.jit(matmul).lower(rows_, weights).compile()
+    def project(rows_, weights):
+        compiled = _project.lower(rows_, weights).compile()
         accounting.record("calibration", compiled, 1)
         return compiled(rows_, weights)
 
@@ -406,7 +466,7 @@ def _newton_direct(solved, block, index, config, windows, masks, solver, rows: i
                                  for w in windows])
         for p, group in zip(config.exact_positions, solved["exact"]["groups"]):
             distinct, inverse = np.unique(tokens[:, p], return_inverse=True)
-            tables.append(jax.jit(table_rows)(group, jnp.asarray(distinct, jnp.int32)))
+            tables.append(_table_rows(group, jnp.asarray(distinct, jnp.int32)))
             index_of.append(inverse.reshape(-1))
     G = len(tables)
     num = features.shape[0]
@@ -418,31 +478,8 @@ def _newton_direct(solved, block, index, config, windows, masks, solver, rows: i
     weights = split(np.asarray(masks).reshape(-1).astype(np.float32))
     part_data = [tuple(jnp.asarray(a[p]) for a in (index_of, targets, weights)) for p in range(parts)]
 
-    @jax.jit
-    def loss_gradient_hessian(beta, bias, tables, index_of, targets, weights):
-        def one(carry, chunk):
-            idx, y, weight = chunk
-            L = [tables[g][idx[g]] for g in range(G)]                             # G × [rows, V]
-            logits = sum(beta[g] * L[g] for g in range(G)) + bias[None, :]
-            shift = jnp.max(logits, axis=-1)
-            e = jnp.exp(logits - shift[:, None])                                   # unnormalised p
-            Z = jnp.sum(e, axis=-1)
-            picked = jnp.stack([jnp.take_along_axis(L[g], y[:, None], axis=-1)[:, 0] for g in range(G)], axis=-1)
-            mean = jnp.stack([jnp.sum(e * L[g], axis=-1) for g in range(G)], axis=-1) / Z[:, None]
-            pair = {(g, h): jnp.sum(e * L[g] * L[h], axis=-1) / Z for g in range(G) for h in range(g, G)}
-            second = jnp.stack([jnp.stack([pair[min(g, h), max(g, h)] for h in range(G)], axis=-1)
-                                for g in range(G)], axis=-2)                         # [rows, G, G]
-            nll = jnp.log(Z) + shift - picked @ beta - bias[y]
-            loss, grad, hess = carry
-            return (loss + jnp.sum(weight * nll),
-                    grad + weight @ (mean - picked),
-                    hess + jnp.einsum("r,rgh->gh", weight, second - mean[:, :, None] * mean[:, None, :])), None
-
-        init = (jnp.zeros(()), jnp.zeros((G,)), jnp.zeros((G, G)))
-        return jax.lax.scan(one, init, (index_of, targets, weights))[0]
-
-    compiled = loss_gradient_hessian.lower(jnp.ones(G, jnp.float32), block["output_bias"], tables,
-                                           *part_data[0]).compile()
+    compiled = _loss_gradient_hessian.lower(jnp.ones(G, jnp.float32), block["output_bias"], tables,
+                                            *part_data[0]).compile()
     calls = 0
 
     def newton(beta, used):

@@ -32,13 +32,19 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from saffu._io import (SaffuError, atomic_write_json, check_free, disk_full_error, exclusive, is_disk_full,
-                       megabytes, tree_fingerprint)
-from saffu.configs import ExactConfig, FactorisedConfig, ResidualConfig, SaffuConfig, TransformerConfig
+from saffu._io import (
+    SaffuError,
+    atomic_write_json,
+    check_free,
+    disk_full_error,
+    exclusive,
+    is_disk_full,
+    megabytes,
+    tree_fingerprint,
+)
+from saffu.configs import Params, SaffuConfig
 from saffu.data.workdir import WorkDir
-
-
-Params = dict
+from saffu.models.interface import config_from_dict, model_init, trainable
 
 
 @contextlib.contextmanager
@@ -105,32 +111,13 @@ def check_inputs(run_dir: str | Path, workdir: WorkDir, streams: bool = False):
     return config
 
 
-def model_config(fields: dict):
-    """A model config from its ``dataclasses.asdict`` form: :class:`SaffuConfig`, or by ``kind``
-    :class:`saffu.configs.TransformerConfig`, :class:`saffu.configs.ExactConfig` or
-    :class:`saffu.configs.FactorisedConfig`."""
-    kinds = {"saffu": SaffuConfig, "transformer": TransformerConfig, "exact": ExactConfig,
-             "factorised": FactorisedConfig, "residual": ResidualConfig}
-    kind = fields.get("kind", "saffu")
-    if kind == "residual":   # the two parts are configs of their own
-        fields = {**fields, "base": model_config(fields["base"]), "explicit": model_config(fields["explicit"]),
-                  "fold_runs": tuple(fields.get("fold_runs", ())), "fold_sha256": tuple(fields.get("fold_sha256", ()))}
-    if kind not in kinds:
-        raise SaffuError(f"unknown model kind {kind!r}; this saffu knows {', '.join(kinds)}")
-    if kind == "exact":     # JSON lists back to the hashable tuples of the config
-        fields = {**fields, "groups": tuple(tuple(g) for g in fields["groups"]), "buckets": tuple(fields["buckets"])}
-    if kind == "saffu" and "exact_positions" in fields:
-        fields = {**fields, "exact_positions": tuple(fields["exact_positions"])}
-    return kinds[kind](**fields)
-
-
 def load_run_config(run_dir: str | Path):
     """The model config of a run directory (any kind; a residual's exact runs as absolute
     paths, resolved from the run directory when stored relative to it)."""
     path = Path(run_dir) / "config.json"
     record = run_record(run_dir)
     try:
-        config = model_config(record["model"])
+        config = config_from_dict(record["model"])
     except (KeyError, TypeError) as err:
         raise SaffuError(f"{path} is unreadable ({err}); remove the run directory and start again") from None
     if config.kind == "residual":
@@ -298,7 +285,7 @@ def load_explicit(run_dir: str | Path, config, expect: str = "") -> Params:
     if config.kind == "exact":
         return jax.tree.map(jnp.asarray, restored)
     params = retype({"blocks": restored["blocks"]} if getattr(config, "exact_positions", ()) else restored,
-                    jax.eval_shape(lambda: config.init(jax.random.key(0))))
+                    with_config_inputs(jax.eval_shape(lambda: model_init(config, jax.random.key(0))), config))
     if getattr(config, "exact_positions", ()):     # the exact groups' tables: sizes from the data
         params["exact"] = jax.tree.map(jnp.asarray, restored["exact"])
     return params
@@ -312,14 +299,14 @@ def load_params(run_dir: str | Path, config, which: str = "latest") -> tuple[Par
     if config.kind == "residual":
         from saffu.models.residual import with_explicit
         explicit = load_explicit(config.explicit_run, config.explicit, config.explicit_sha256)
-        params = config.init(jax.random.key(0))
+        params = model_init(config, jax.random.key(0))
         trained = {name: value for name, value in params.items() if name not in config.fixed_params}
         latest = load_latest_params(run_dir, trained) if which == "latest" else None
         if latest is None:
             return with_explicit(params, explicit), "explicit (step 0)"
         return with_explicit({**params, **latest[0]}, explicit), f"checkpoint step {latest[1]}"
-    if which == "latest" and hasattr(config, "init"):
-        template = jax.eval_shape(lambda: config.init(jax.random.key(0)))
+    if which == "latest" and trainable(config):
+        template = with_config_inputs(jax.eval_shape(lambda: model_init(config, jax.random.key(0))), config)
         latest = load_latest_params(run_dir, template)
         if latest is not None:
             return latest[0], f"checkpoint step {latest[1]}"
@@ -393,15 +380,35 @@ def load_latest_params(run_dir: str | Path, template: Params) -> tuple[Params, i
         manager.close()
 
 
+#: Fixed inputs that the model's config alone determines (SAFFU's cipher codes): a checkpoint
+#: need not hold them (a training checkpoint holds no fixed input; an explicit solution saved
+#: before the codes were a parameter does not either), :func:`retype` takes them from the template.
+CONFIG_INPUTS = ("codes",)
+
+
+def with_config_inputs(template: Params, config) -> Params:
+    """``template`` (shapes) with the :data:`CONFIG_INPUTS` of ``config`` as arrays: SAFFU's
+    cipher codes (:func:`saffu.models.saffu.cipher_table`); other kinds unchanged."""
+    if getattr(config, "kind", None) != "saffu":
+        return template
+    from saffu.models.saffu import cipher_table
+    return {**template, "codes": cipher_table(config)}
+
+
 def retype(restored: Any, template: Params) -> Params:
     """``restored`` in ``template``'s structure (orbax may turn int keys into strings);
-    a clear error when shapes differ (a checkpoint of another model)."""
+    a clear error when shapes differ (a checkpoint of another model). A :data:`CONFIG_INPUTS`
+    entry that ``restored`` lacks is the template's own, where the template holds it as an array
+    (:func:`with_config_inputs`; a concrete init)."""
     if isinstance(template, dict):
         if not isinstance(restored, dict):
             raise SaffuError("checkpoint structure differs from the model's; it is from another model")
         out = {}
         for key, value in template.items():
             found = restored.get(key, restored.get(str(key)))
+            if found is None and key in CONFIG_INPUTS and isinstance(value, (jax.Array, np.ndarray)):
+                out[key] = value
+                continue
             if found is None:
                 raise SaffuError(f"checkpoint lacks parameter {key!r}; it is from another model")
             out[key] = retype(found, value)

@@ -1,27 +1,114 @@
-"""Recipes the command line and the experiments share: how a model to train is put together
-from solved pieces.
+"""Recipes the command line and the experiments share: how a model is solved, put together
+from solved pieces, trained and kept.
 
+* :func:`solve_run` — an explicit solution (SAFFU, exact, factorised) solved and saved as a run;
+  :func:`count_model` — the explicit bigram (or the unigram) and its NLL on splits.
 * :func:`solve_folds` — the exact model of every fold's complement, for a cross-fitted
   residual (:class:`saffu.configs.ResidualConfig` with ``folds``).
 * :func:`residual_start` — a residual model's config and its step-0 parameters over an exact
-  run (cross-fitted or not).
+  run (cross-fitted or not); :func:`residual_run` — the same as a run directory (new or resumed).
+* :func:`explicit_transformer_start` — a transformer's random init with pieces from explicit
+  low-rank factors.
+* :func:`inherit` / :func:`grow` — Inheritune: the first blocks of a trained reference, and a
+  trained stack grown block by block (by the reference's next blocks, or SAFFU blocks solved).
+* :func:`structured_from` — a structured-MLP transformer from a trained dense one.
+* :func:`start_run` — a run directory's config written (or checked against an existing one);
+  :func:`start_training` — the config and step-0 parameters of ``saffu train``'s run, by its
+  :class:`saffu.configs.StartConfig`.
+* :func:`train_run` — a run trained (resumed from its last checkpoint) and :func:`finish`-ed,
+  with its figures; :func:`finish` — a trained model as it is kept: without training-only parts.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
 import jax
 
 from saffu._io import SaffuError, tree_fingerprint
-from saffu.configs import FOLD_BLOCKS, ExactConfig, ResidualConfig
+from saffu.configs import (
+    EXPLICIT_PIECES,
+    FOLD_BLOCKS,
+    ExactConfig,
+    FactorConfig,
+    FactorisedConfig,
+    Params,
+    ResidualConfig,
+    StartConfig,
+)
 from saffu.data.folds import complement, fold_documents
 from saffu.data.workdir import WorkDir, subset_workdir
+from saffu.models.interface import model_init
 from saffu.models.residual import with_explicit
-from saffu.training.checkpoints import load_explicit, load_run_config, run_record, save_explicit_run
+from saffu.training.checkpoints import (
+    check_inputs,
+    load_explicit,
+    load_params,
+    load_run_config,
+    pack_run,
+    run_record,
+    save_explicit_run,
+    save_run_config,
+)
 
-Params = dict
+
+def check_room(run: str | Path, config) -> None:
+    """Refuse before solving when ``config``'s explicit solution (sizes known in advance) cannot
+    fit in ``run``'s file system."""
+    from saffu._io import check_free
+    from saffu.training.checkpoints import tree_bytes
+    check_free(run, tree_bytes(jax.eval_shape(lambda: model_init(config, jax.random.key(0)))) + (1 << 20),
+               f"the explicit solution ({config.kind})", "free space or give another --run")
+
+
+def solve_run(workdir: WorkDir, run: str | Path, config, solver=None, writer: bool = True, retry=None,
+              progress: bool = False) -> tuple[Params, dict, str]:
+    """Solve the explicit model ``config`` (a SAFFU stack: :func:`saffu.solve.stack.solve_explicit`
+    with ``solver``, a :class:`SolverConfig`; the exact model: :func:`saffu.solve.exact.solve_exact`;
+    the factorised model: :func:`saffu.solve.factors.solve_factorised` with a :class:`FactorConfig`)
+    from ``workdir`` and save it as the run ``run`` (first checked to have room where the size is
+    known in advance). ``retry``: :func:`saffu.training.checkpoints.save_explicit_run`'s question
+    after a failed save; ``writer=False`` (a multi-process job's other processes): only take part
+    in the save. Returns ``(params, the solver's report, the run it was saved to)``."""
+    from saffu.training.checkpoints import save_explicit
+    if config.kind == "exact":
+        from saffu.solve.exact import solve_exact
+        params, report = solve_exact(workdir, config, progress=progress)
+        params = jax.device_get(params)     # every process takes part (orbax synchronises them)
+    else:
+        if not getattr(config, "exact_positions", ()):       # exact tables' sizes come from the data
+            check_room(run, config)
+        if config.kind == "factorised":
+            from saffu.solve.factors import solve_factorised
+            params, report = solve_factorised(workdir, config, solver or FactorConfig(), progress=progress)
+        else:
+            from saffu.solve.stack import SolverConfig, solve_explicit
+            params, report = solve_explicit(workdir, config, solver or SolverConfig(), progress=progress)
+    if not writer:
+        save_explicit(run, params)
+        return params, report, str(run)
+    return params, report, save_explicit_run(run, config, workdir, params, retry=retry)
+
+
+def count_model(workdir: WorkDir, kind: str, config, splits, progress: bool = False) -> tuple[dict[str, float], dict]:
+    """The explicit ``kind`` model (``"bigram"``: :func:`saffu.solve.bigram.fit_explicit_bigram`
+    with the :class:`saffu.configs.BigramConfig` ``config``; ``"unigram"``: the unigram prior)
+    of ``workdir``'s training split, and its total NLL (nats) on each of ``splits``. Returns
+    ``({split: nll}, report)``; the report holds the fit's ``seconds`` (and the bigram's figures)."""
+    from saffu.engine.rows import pair_counts
+    from saffu.models.bigram import bigram_nll
+    from saffu.solve.bigram import fit_explicit_bigram, unigram_log_prior, unigram_nll
+    start = time.perf_counter()
+    if kind == "bigram":
+        model, report = fit_explicit_bigram(workdir, config, progress=progress)
+        report, nll = {"bits": config.cipher.bits, **report}, lambda pairs: bigram_nll(model, pairs)
+    else:
+        log_prior, report = unigram_log_prior(workdir, progress=progress), {}
+        nll = lambda pairs: unigram_nll(log_prior, pairs)
+    report["seconds"] = time.perf_counter() - start
+    return {split: nll(pair_counts(workdir.tokens(split), vocab_size=workdir.vocab_size)) for split in splits}, report
 
 
 def solve_folds(source: WorkDir, config: ExactConfig, folds: int, out: str | Path, blocks: int = FOLD_BLOCKS,
@@ -75,5 +162,255 @@ def residual_start(base, explicit_run: str | Path, key: jax.Array, scale: str = 
     else:
         explicit = load_explicit(config.explicit_run, config.explicit, config.explicit_sha256)
         folds = [load_explicit(run, config.explicit, sha) for run, sha in zip(config.fold_runs, config.fold_sha256)]
-    params = with_explicit(config.init(key), explicit, folds if config.folds else None)
+    params = with_explicit(model_init(config, key), explicit, folds if config.folds else None)
     return config, params
+
+
+def start_run(run: str | Path, config, workdir: WorkDir) -> None:
+    """Make ``run`` the run directory of ``config`` on ``workdir``: its config written, or — in
+    a run that already has one — checked to be the same model."""
+    run = Path(run)
+    if (run / "config.json").exists():
+        if load_run_config(run) != config:
+            raise SaffuError(f"{run} holds a different model than this one; use a new --run")
+        return
+    run.mkdir(parents=True, exist_ok=True)
+    save_run_config(run, config, workdir)
+
+
+def residual_run(workdir: WorkDir, run: str | Path, key: jax.Array, base=None, explicit_run: str | Path | None = None,
+                 scale: str = "fixed", anneal_share: float = 0.5, folds: int = 0, bundle: bool = False,
+                 progress: bool = False, announce=print) -> tuple[ResidualConfig, Params]:
+    """``(ResidualConfig, params at step 0)`` of the residual run ``run``: a new one over the
+    exact run ``explicit_run`` with trainable part ``base`` (``folds`` ≥ 2: cross-fitted, the
+    exact model of every fold's complement solved into ``run/folds``), or the existing one (its
+    tables checked against its fingerprints). ``bundle``: the exact model copied into the run."""
+    run = Path(run)
+    existing = (run / "config.json").exists()
+    if existing:
+        config = check_inputs(run, workdir, streams=True)
+        if config.kind != "residual":
+            raise SaffuError(f"{run} already holds a {config.kind} run; use a new --run for --residual")
+        config, params = residual_start(config.base, config.explicit_run, key, config=config)
+    else:
+        explicit = check_inputs(explicit_run, workdir)
+        if explicit.kind != "exact":
+            raise SaffuError(f"--residual {explicit_run} holds a {explicit.kind}; it must be a `saffu exact` run")
+        fold_runs = ()
+        if folds:
+            announce(f"solving the exact model of each of {folds} folds' complements into {run / 'folds'}")
+            fold_runs, _, _ = solve_folds(workdir, explicit, folds, run / "folds", progress=progress)
+        config, params = residual_start(base, explicit_run, key, scale, anneal_share, tuple(fold_runs))
+    if config.base.kind in ("saffu", "factorised"):
+        workdir.check_radius(config.base.radius)
+    if not existing:
+        start_run(run, config, workdir)
+    if bundle:
+        pack_run(run)
+    return config, params
+
+
+def explicit_transformer_start(workdir: WorkDir, config, key: jax.Array, pieces: tuple[str, ...] = EXPLICIT_PIECES,
+                               solver: FactorConfig = FactorConfig(), progress: bool = False
+                               ) -> tuple[Params, float, dict]:
+    """A transformer ``config``'s random init (from ``key``) with ``pieces`` from the explicit
+    low-rank factors of rank ``config.width`` solved from ``workdir``
+    (:func:`saffu.models.transformer.explicit_transformer_init`). Returns ``(params, seconds
+    of the solve and init, the factor solve's report)``."""
+    from saffu.models.transformer import explicit_transformer_init
+    from saffu.solve.factors import solve_factorised
+    tick = time.perf_counter()
+    factors, report = solve_factorised(workdir, FactorisedConfig(workdir.vocab_size, rank=config.width, positions=1),
+                                       solver, progress=progress)
+    params = explicit_transformer_init(config, key, factors, tuple(pieces))
+    return params, time.perf_counter() - tick, report
+
+
+def _depth(config) -> str:
+    if config.kind not in ("transformer", "saffu"):
+        raise SaffuError(f"Inheritune takes a transformer or a SAFFU stack, not a {config.kind}")
+    return "layers" if config.kind == "transformer" else "blocks"
+
+
+def inherit(reference_params: Params, reference, layers: int | None = None) -> tuple[object, Params]:
+    """Inheritune's start: the first ``layers`` blocks (default: half the reference's, at least
+    one) of a trained transformer (with its embeddings, positions, final norm and output layer)
+    or SAFFU stack (each block with its own output layer)."""
+    from saffu.models import saffu as saffu_model
+    from saffu.models import transformer
+    depth = _depth(reference)
+    layers = layers or max(1, getattr(reference, depth) // 2)
+    if depth == "layers":
+        return transformer.inherit_layers(reference_params, reference, layers)
+    return saffu_model.inherit_blocks(reference_params, reference, layers)
+
+
+def grow(params: Params, config, reference_params: Params, reference, layers: int | None = None,
+         grow_by: str = "reference", workdir: WorkDir | None = None, progress: bool = False,
+         announce=print) -> tuple[object, Params]:
+    """Inheritune's growth: a trained stack ``(config, params)`` grown to ``layers`` blocks
+    (default: one more) by the reference's next blocks (``grow_by="reference"``), or — a SAFFU
+    stack — by blocks solved explicitly on top of it from ``workdir`` (``grow_by="solve"``,
+    which may grow past the reference's depth)."""
+    from saffu.models import saffu as saffu_model
+    from saffu.models import transformer
+    depth = _depth(reference)
+    if config.kind != reference.kind:
+        raise SaffuError(f"the stack to grow holds a {config.kind}; it must be a {reference.kind} like the reference")
+    if grow_by not in ("reference", "solve"):
+        raise SaffuError(f"grow_by must be 'reference' or 'solve', got {grow_by!r}")
+    if grow_by == "solve" and reference.kind != "saffu":
+        raise SaffuError("--grow-by solve solves SAFFU blocks explicitly; a transformer grows by the reference's blocks")
+    start = getattr(config, depth)
+    target = layers or start + 1
+    if target <= start:
+        raise SaffuError(f"--inherit-layers {target} must exceed --start-from's {start} blocks")
+    if depth == "layers":
+        while config.layers < target:
+            config, params = transformer.grow_layer(params, config, reference_params, reference)
+        return config, params
+    if dataclasses.replace(reference, blocks=config.blocks) != config:
+        raise SaffuError("the stack to grow and the reference differ in more than their block count")
+    if grow_by == "solve":
+        from saffu.solve.stack import solve_explicit
+        announce(f"solving blocks {start} … {target - 1} explicitly on top of the trained stack")
+        grown = dataclasses.replace(config, blocks=target)
+        params, _ = solve_explicit(workdir, grown, progress=progress, below=params)
+        return grown, params
+    if target > reference.blocks:
+        raise SaffuError(f"the reference has {reference.blocks} blocks; cannot grow to {target} (--grow-by solve can)")
+    while config.blocks < target:
+        config, params = saffu_model.grow_block(params, config, reference_params["blocks"][config.blocks])
+    return config, params
+
+
+def structured_from(dense_params: Params, dense_config, config) -> Params:
+    """Every weight of a trained dense transformer, its MLP kernels turned into ``config``'s
+    structure by SVD (trained-SVD init; kept as the dense guide when self-guided)."""
+    from saffu.models.transformer import structure_mlp
+    if config.kind != "transformer" or config.ffn == "dense":
+        raise SaffuError("--ffn-from needs a structured transformer: --model transformer --ffn lowrank|blockdense|"
+                         "blockshuffle")
+    if dense_config.kind != "transformer":
+        raise SaffuError(f"--ffn-from holds a {dense_config.kind}; it must be a dense transformer run")
+    return structure_mlp(dense_params, dense_config, config)
+
+
+def train_run(workdir: WorkDir, run: str | Path, config, params: Params, train_config, mesh=None, on_eval=None,
+              progress: bool = False) -> tuple[object, Params, dict]:
+    """Train ``(config, params)`` on ``workdir``'s training split into ``run`` (from its last
+    checkpoint when it has one; periodic evaluations on ``dev`` when there is one), then
+    :func:`finish`. Returns ``(config, params, figures)``: the parameters (of a residual also
+    the trained ones and the final ``λ``), the steps, and — unless the run had already
+    finished — the training's seconds (``train_seconds``), tokens, tokens/s, FLOPs and peak memory."""
+    from saffu.models.interface import parameter_count
+    from saffu.training.checkpoints import latest_checkpoint_step
+    from saffu.training.trainer import train
+    dev = workdir.tokens("dev") if "dev" in workdir.meta["splits"] else None
+    params, history = train(config, params, workdir.tokens(workdir.train_split), train_config, run, dev_stream=dev,
+                            on_eval=on_eval, progress=progress, mesh=mesh)
+    config, params = finish(config, params)
+    figures = {"params": parameter_count(params),
+               "steps": history[-1]["step"] if history else (latest_checkpoint_step(run) or 0)}
+    if config.kind == "residual":
+        fixed = {name: params[name] for name in config.fixed_params if name in params}
+        figures.update(trained_params=figures["params"] - parameter_count(fixed),
+                       scale=float(params["scale"]) if "scale" in params else 0.0)    # annealed: λ ends at 0
+    if history:
+        figures.update({key: history[-1][key] for key in ("tokens", "tokens_per_s", "flops", "xla_flops",
+                                                          "peak_rss_mb") if key in history[-1]})
+        figures["train_seconds"] = history[-1]["seconds"]
+    return config, params, figures
+
+
+def finish(config, params: Params) -> tuple[object, Params]:
+    """A trained model as it is kept and scored: without the cross-fit folds' tables (they
+    served training only) and, self-guided, without the dense guide (gone by the end)."""
+    params = {name: value for name, value in params.items() if name != "folds"}
+    if getattr(config, "guide_share", 0):
+        from saffu.models.factorised import drop_output_guide
+        from saffu.models.transformer import drop_guide
+        config, params = (drop_guide if config.kind == "transformer" else drop_output_guide)(params, config)
+    return config, params
+
+
+def start_training(workdir: WorkDir, run: str | Path, start: StartConfig, key: jax.Array, new_model=None,
+                   residual: dict | None = None, factors: FactorConfig = FactorConfig(), progress: bool = False,
+                   announce=print) -> tuple[object, Params, float]:
+    """``(model config, parameters at step 0, seconds solving)`` of the training run ``run`` on
+    ``workdir`` as ``start`` says: a residual over an exact run (:func:`residual_run`, with
+    ``residual``'s ``scale`` / ``anneal_share`` / ``folds``), inherited blocks (:func:`inherit`,
+    :func:`grow`; ``start.inherit_layers`` may be the number of blocks before the reference's
+    first lazy layer), an explicit start (a transformer: :func:`explicit_transformer_start`; any
+    other model: ``run``'s explicit solution) or a random one (with ``start.ffn_from``:
+    :func:`structured_from`). ``new_model()`` gives the model config of a new run (an existing
+    run keeps its own); the run's config is written (or checked)."""
+    config, params, seconds = _start(workdir, Path(run), start, key, new_model, residual, factors, progress, announce)
+    if config.kind in ("saffu", "factorised"):
+        workdir.check_radius(config.radius)  # also for explicit runs made from another work directory
+    return config, params, seconds
+
+
+def _start(workdir, run, start, key, new_model, residual, factors, progress, announce):
+    """:func:`start_training` before its radius check."""
+    existing = (run / "config.json").exists()
+    kind = load_run_config(run).kind if existing else start.model
+    model = lambda: check_inputs(run, workdir, streams=True) if existing else new_model()
+    if start.ffn_from is not None and (start.init != "random" or start.residual is not None):
+        raise SaffuError("--ffn-from starts a structured transformer of its own (--init random, no --residual)")
+    if start.residual is not None or kind == "residual":
+        if start.init != "random":
+            raise SaffuError("--residual trains a randomly initialised model over the exact one: use --init random")
+        config, params = residual_run(workdir, run, key, None if existing else new_model(), start.residual,
+                                      bundle=start.bundle, progress=progress, announce=announce, **(residual or {}))
+        return config, params, 0.0
+    if start.init == "inherit":
+        config, params = _inherited(workdir, start, progress, announce)
+        start_run(run, config, workdir)
+        return config, params, 0.0
+    if start.init == "explicit" and kind == "transformer":
+        config = model()
+        params, seconds, _ = explicit_transformer_start(workdir, config, key, start.explicit_pieces, factors, progress)
+        start_run(run, config, workdir)
+        return config, params, seconds
+    config = check_inputs(run, workdir, streams=True) if start.init == "explicit" else model()
+    if config.kind == "exact" or getattr(config, "exact_positions", ()):
+        raise SaffuError(f"{run} holds a model with exact token-resolution tables, which are not trained; score it "
+                         f"with `saffu eval` / `saffu blimp`" if start.init == "explicit" else
+                         "exact token-resolution tables (the exact model, --exact-positions) come from the data and "
+                         "have no random init; solve them with `saffu exact` / `saffu fit`")
+    if start.init == "explicit":
+        return config, load_explicit(run, config), 0.0
+    if config.kind in ("saffu", "factorised"):
+        workdir.check_radius(config.radius)
+    if start.ffn_from is not None and (config.kind != "transformer" or config.ffn == "dense"):
+        raise SaffuError("--ffn-from needs a structured transformer: --model transformer --ffn lowrank|blockdense|"
+                         "blockshuffle")
+    start_run(run, config, workdir)
+    params = model_init(config, key)
+    if start.ffn_from is not None:
+        source = check_inputs(start.ffn_from, workdir)
+        params = structured_from(load_params(start.ffn_from, source)[0], source, config)
+    return config, params, 0.0
+
+
+def _inherited(workdir: WorkDir, start: StartConfig, progress: bool, announce) -> tuple[object, Params]:
+    """``(config, params)`` of ``--init inherit``: the first blocks of ``start.reference``, or
+    ``start.start_from`` grown."""
+    if start.reference is None:
+        raise SaffuError("--init inherit needs --reference RUN, a trained transformer or SAFFU run")
+    reference = check_inputs(start.reference, workdir)
+    if reference.kind not in ("transformer", "saffu"):
+        raise SaffuError(f"--reference {start.reference} holds a {reference.kind}; Inheritune takes a transformer "
+                         f"or a SAFFU stack")
+    if start.grow_by == "solve" and reference.kind != "saffu":
+        raise SaffuError("--grow-by solve solves SAFFU blocks explicitly; a transformer grows by the reference's blocks")
+    reference_params, _ = load_params(start.reference, reference)
+    if start.start_from is None:
+        return inherit(reference_params, reference, start.inherit_layers)
+    begin = check_inputs(start.start_from, workdir)
+    if begin.kind != reference.kind:
+        raise SaffuError(f"--start-from {start.start_from} holds a {begin.kind}; it must be a {reference.kind} run "
+                         f"like --reference")
+    return grow(load_params(start.start_from, begin)[0], begin, reference_params, reference, start.inherit_layers,
+                start.grow_by, workdir, progress, announce)

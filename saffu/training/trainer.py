@@ -19,8 +19,9 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -31,13 +32,19 @@ from tqdm.auto import tqdm
 
 from saffu._io import SaffuError, check_free, disk_full_error, exclusive, is_disk_full, megabytes
 from saffu.configs import TrainConfig
-from saffu.data.windows import shuffled_window_starts, stack_windows
+from saffu.data.folds import fold_window_starts
+from saffu.data.windows import evenly_spaced_windows, shuffled_window_starts, stack_windows
 from saffu.engine import accounting
 from saffu.engine.distributed import local_mesh
 from saffu.models.interface import Params, window_loss
-from saffu.training.checkpoints import (checkpoint_manager, remove_failed_save, remove_stale_temporaries,
-                                        restore_training_state, save_training_state, tree_bytes)
-
+from saffu.training.checkpoints import (
+    checkpoint_manager,
+    remove_failed_save,
+    remove_stale_temporaries,
+    restore_training_state,
+    save_training_state,
+    tree_bytes,
+)
 
 INITS = ("explicit", "random")
 
@@ -103,16 +110,18 @@ class BatchSchedule:
     """The batch of every step as a pure function of ``(seed, step)``: windows in a seeded
     shuffled order per epoch, so resuming at step ``i`` sees exactly the data it would have.
 
-    A model with ``window_pools(stream, seq_len)`` (a cross-fitted residual: one pool of
-    window starts per fold) has step ``s`` draw its windows from pool ``s mod P`` only, each
-    pool in its own seeded order per epoch (wrapping around when a pool runs short)."""
+    A cross-fitted residual (a model with ``folds``: one pool of window starts per fold,
+    :func:`saffu.data.folds.fold_window_starts`) has step ``s`` draw its windows from pool
+    ``s mod K`` only, each pool in its own seeded order per epoch (wrapping around when a pool
+    runs short)."""
 
     def __init__(self, stream: np.ndarray, model: Model, config: TrainConfig):
         self.stream, self.model, self.config = stream, model, config
         self.per_epoch = steps_per_epoch(len(stream) - 1, config)
         self._key = jax.random.fold_in(jax.random.key(config.seed), 1)  # data stream of the seed
         self._epoch, self._starts = -1, None
-        pools = getattr(model, "window_pools", lambda stream, seq_len: None)(stream, config.seq_len)
+        folds = getattr(model, "folds", 0)
+        pools = fold_window_starts(stream, folds, config.seq_len, model.fold_blocks) if folds else None
         if pools is not None and any(len(pool) == 0 for pool in pools):
             raise SaffuError(f"a fold holds no whole window of {config.seq_len} targets; use a shorter --seq-len "
                              f"or fewer folds")
@@ -140,15 +149,6 @@ def _permuted(values: np.ndarray, key: jax.Array) -> np.ndarray:
     return np.random.default_rng(np.asarray(jax.random.key_data(key)).ravel()).permutation(values)
 
 
-def evenly_spaced_windows(stream: np.ndarray, model: Model, seq_len: int, count: int):
-    """``count`` non-overlapping windows spread evenly over the whole stream (a dev subset
-    that samples every file, not only the first)."""
-    last = max(len(stream) - seq_len, 1)
-    starts = np.unique(np.linspace(1, last, min(count, max(last // seq_len, 1))).astype(int))
-    windows, mask = stack_windows(stream, starts, [len(stream)] * len(starts), model.context, seq_len)
-    return jnp.asarray(windows), jnp.asarray(mask)
-
-
 def data_parallel_mesh(num_devices: int | None = None) -> Mesh:
     """A 1-D ``("data",)`` mesh over the first ``num_devices`` local devices (all by default)."""
     return local_mesh(num_devices, axis_name="data")
@@ -170,7 +170,7 @@ class StepStats(NamedTuple):
     first_skipped: jax.Array
 
     @staticmethod
-    def zeros() -> "StepStats":
+    def zeros() -> StepStats:
         return StepStats(jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32),
                          jnp.full((), -1, jnp.int32))
 
@@ -293,7 +293,7 @@ def _check_room(run_dir: Path, manager, checkpoint_bytes: int, start: int, steps
     if start >= steps:
         return
     saves_left = len({min(s, steps) for s in range(start + 1, steps + 1)
-                      if s % config.checkpoint_every == 0 or s == steps})
+                      if s == steps or (config.checkpoint_every and s % config.checkpoint_every == 0)})
     existing = len(manager.all_steps())
     more = max(min(3, existing + saves_left) - existing, 0)
     check_free(run_dir, more * checkpoint_bytes + (1 << 20),
@@ -446,7 +446,7 @@ def _train(model, params, train_stream, config, run_dir: Path, dev_stream, on_ev
             if done < steps:      # prefetch: the next batch goes to the device while this step runs
                 batch = put_batch(schedule(done))
             eval_now = done % config.eval_every == 0 or done == steps
-            save_now = done % config.checkpoint_every == 0 or done == steps
+            save_now = done == steps or (config.checkpoint_every and done % config.checkpoint_every == 0)
             if eval_now or save_now or done % config.log_every == 0:
                 meter.read(stats, config)
                 stats = StepStats.zeros()

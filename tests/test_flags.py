@@ -1,0 +1,110 @@
+"""Flags generated from the config dataclasses: the default is the dataclass's, the help its
+docstring's, a bad value one error line, and the parsed flags build the config back."""
+
+import argparse
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+
+from saffu import configs
+from saffu.flags import HelpFormatter, add_config_flags, config_from_args, field_help
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+    """A config for the test.
+
+    Attributes:
+      rate: the step size. Notes after the first sentence stay out of the help.
+      kind: how it is ``done`` (see :mod:`saffu.flags`),
+        over two lines.
+      sizes, edges: shared text
+        of two fields.
+      verbose: say more.
+      quiet: say less.
+      limit: at most this many (None: no limit).
+    """
+
+    rate: float = 0.25
+    kind: str = "plain"
+    sizes: tuple[int, ...] = (1, 2)
+    edges: tuple[int, ...] = ()
+    verbose: bool = False
+    quiet: bool = True
+    limit: int | None = None
+
+
+FIELDS = ("rate", "kind", "sizes", "edges", "verbose", "quiet", "limit")
+
+
+def _parser(**kwargs) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="prog", formatter_class=HelpFormatter)
+    return add_config_flags(parser, Example, FIELDS, **kwargs)
+
+
+def test_help_comes_from_the_docstring():
+    docs = field_help(Example)
+    assert docs["rate"] == "the step size"                    # the first sentence, no trailing period
+    assert docs["kind"] == "how it is done (see saffu.flags), over two lines"
+    assert docs["sizes"] == docs["edges"] == "shared text of two fields"
+    help_text = " ".join(_parser().format_help().split())
+    assert "the step size (default: 0.25)" in help_text and "Notes after" not in help_text
+    assert "--verbose, --no-verbose" in help_text
+
+
+def test_defaults_types_and_booleans_come_from_the_dataclass():
+    args = _parser().parse_args([])
+    assert config_from_args(Example, args, FIELDS) == Example()
+    args = _parser().parse_args(["--rate", "0.5", "--sizes", "3", "4", "--verbose", "--no-quiet", "--limit", "7"])
+    config = config_from_args(Example, args, FIELDS, kind="fancy")
+    assert config == Example(rate=0.5, kind="fancy", sizes=(3, 4), verbose=True, quiet=False, limit=7)
+
+
+def test_rename_choices_defaults_and_help_overrides():
+    parser = _parser(rename={"rate": "--learning-rate"}, defaults=Example(rate=0.125),
+                     help={"kind": "the kind: {}"}, extra={"limit": {"metavar": "N"}})
+    args = parser.parse_args([])
+    assert args.learning_rate == 0.125 and not hasattr(args, "rate")
+    assert config_from_args(Example, args, FIELDS, rename={"rate": "--learning-rate"}).rate == 0.125
+    help_text = " ".join(parser.format_help().split())
+    assert "the kind: how it is done" in help_text and "--limit N" in help_text
+
+
+def test_every_config_flag_default_is_the_configs():
+    from saffu.cli import build_parser
+    parse = lambda *argv: vars(build_parser().parse_args(argv))
+    train = parse("train", "--workdir", "w", "--run", "r", "--init", "random")
+    assert train["eval_tokens"] == configs.EvalConfig.eval_tokens
+    assert train["self_guided"] == configs.TransformerConfig.guide_share and train["output_bias"] is True
+    assert train["cross_fit"] == configs.ResidualConfig.folds and train["residual_scale"] == "fixed"
+    generate = parse("generate", "--workdir", "w", "--run", "r")
+    assert {k: generate[k] for k in ("num_samples", "max_tokens", "temperature", "top_k", "seed")} == \
+        dataclasses.asdict(configs.GenerateConfig())
+    inspect = parse("inspect", "--workdir", "w", "--run", "r")
+    assert (inspect["windows"], inspect["energy"]) == (configs.InspectConfig.windows, configs.InspectConfig.energy)
+    assert parse("ngram", "--workdir", "w")["order"] == configs.NgramConfig.order
+    assert parse("exact", "--workdir", "w", "--run", "r", "--groups", "0 0,1")["groups"] == ((0,), (0, 1))
+    assert parse("demo")["bits"] == configs.DemoConfig.bits
+
+
+def test_the_configs_choices_are_the_flags_choices():
+    parser = argparse.ArgumentParser()
+    add_config_flags(parser, configs.TrainConfig, ("on_nonfinite", "compute_dtype"))
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--compute-dtype", "float16"])
+
+
+@pytest.mark.parametrize("argv", [["generate", "--workdir", "w", "--run", "r", "--top-k", "many"],
+                                  ["train", "--workdir", "w", "--run", "r", "--init", "random",
+                                   "--compute-dtype", "float16"],
+                                  ["ngram", "--workdir", "w", "--order", "12"]])
+def test_a_bad_value_is_one_error_line(argv, tmp_path):
+    if argv[0] == "ngram":                       # a value the config refuses (after parsing)
+        argv = [*argv[:2], str(tmp_path), *argv[3:]]
+    done = subprocess.run([sys.executable, "-m", "saffu", *argv], capture_output=True, text=True)
+    assert done.returncode == 2
+    error = [line for line in done.stderr.splitlines() if "error" in line]
+    assert len(error) == 1 and error[0].startswith(("saffu: error:", f"saffu {argv[0]}: error:"))
+    assert done.stderr.strip().splitlines()[-1] == error[0]
