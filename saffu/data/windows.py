@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
+from saffu.configs import EVAL_SEQ_LEN
 from saffu.data.tokenizer import PAD_ID
 
 
@@ -54,7 +55,7 @@ def range_windows(stream: np.ndarray, ranges: list[tuple[int, int]], context: in
 
 
 def total_nll(loss_fn: Callable, stream: np.ndarray, ranges: list[tuple[int, int]], context: int,
-              seq_len: int = 256, batch_size: int = 16, progress: str | None = None) -> tuple[float, int]:
+              seq_len: int = EVAL_SEQ_LEN, batch_size: int = 16, progress: str | None = None) -> tuple[float, int]:
     """Sum a jitted ``loss_fn(windows, mask) -> (nll_sum, count)`` over the targets of every
     ``[begin, end)`` of ``ranges``.
 

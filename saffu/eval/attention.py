@@ -40,12 +40,13 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from saffu._io import SaffuError
+from saffu.configs import InspectConfig
 from saffu.data.tokenizer import EOD_ID
 from saffu.data.windows import evenly_spaced_windows
 from saffu.models.residual import base_params
 
-ENERGY = 0.9
-LAZY_RANK = 1
+ENERGY = InspectConfig.energy
+LAZY_RANK = InspectConfig.lazy_rank
 
 
 def effective_rank(matrix: np.ndarray, energy: float = ENERGY) -> int:
@@ -253,7 +254,7 @@ def attention_profile(maps: list[list[np.ndarray]], energy: float = ENERGY, lazy
             "lazy_layers": [layer["layer"] for layer in layers if layer["lazy"]], "layers": layers}
 
 
-def inspect_attention(params, config, stream: np.ndarray, windows: int = 64, seq_len: int | None = None,
+def inspect_attention(params, config, stream: np.ndarray, windows: int = InspectConfig.windows, seq_len: int | None = None,
                       energy: float = ENERGY, lazy_rank: int = LAZY_RANK, batch_size: int = 16,
                       progress: bool = False) -> dict:
     """:func:`attention_profile` of ``windows`` evenly spaced windows of ``stream`` (a split's

@@ -27,6 +27,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from saffu._io import SaffuError
+from saffu.configs import EVAL_SEQ_LEN
 from saffu.data.tokenizer import EOD_ID, PAD_ID
 from saffu.models.interface import window_nll
 from saffu.models.saffu import Params, SaffuConfig
@@ -67,10 +68,10 @@ def load_blimp(directory: str | Path) -> list[Pair]:
 
 
 #: Target slots per row of packed sentences (more when a sentence is longer).
-PACKED_ROW = 256
+PACKED_ROW = EVAL_SEQ_LEN
 #: Token positions per call, ``rows × (context + targets)``: as a dev evaluation call of the
 #: default SAFFU (``16 × (8 + 256)``), so both cost the same per position and memory.
-CALL_POSITIONS = 16 * (8 + 256)
+CALL_POSITIONS = 16 * (SaffuConfig.radius + EVAL_SEQ_LEN)
 
 #: Per-target NLL of windows, with the parameters as arguments and the config static.
 _window_nll = jax.jit(window_nll, static_argnums=1)
