@@ -297,7 +297,7 @@ def cmd_generate(args) -> dict:
     from saffu.eval.scoring import generate
     workdir, config, params, which = _load_run(args)
     texts = generate(params, config, workdir.tokenizer(), jax.random.key(args.seed), args.num_samples,
-                     args.max_tokens, args.temperature, args.top_k)
+                     args.max_tokens, args.temperature, args.top_k, args.prompt)
     print(f"{len(texts)} samples from {args.run} ({which}):")
     for text in texts:
         print(f"  > {text}")

@@ -938,6 +938,7 @@ class GenerateConfig:
       temperature: softmax temperature (> 0).
       top_k: sample among the k most likely tokens (0: all).
       seed: sampling seed.
+      prompt: text every sample continues (empty: samples start a document).
     """
 
     num_samples: int = 3
@@ -945,6 +946,7 @@ class GenerateConfig:
     temperature: float = 1.0
     top_k: int = 50
     seed: int = 0
+    prompt: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

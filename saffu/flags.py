@@ -424,11 +424,12 @@ def _ngram_flags(p) -> None:
 
 
 def _generate_flags(p) -> None:
-    """sample documents from a run
+    """sample documents from a run, or continuations of --prompt
 
-    Sample documents from a run's weights, each from a document start to its <eod> or --max-tokens."""
+    Sample documents from a run's weights, each from a document start (followed by --prompt's tokens) to
+    its <eod> or --max-tokens new tokens."""
     add_checkpoint_flags(p)
-    add_config_flags(p, configs.GenerateConfig, ("num_samples", "max_tokens", "temperature", "top_k", "seed"))
+    add_config_flags(p, configs.GenerateConfig, ("num_samples", "max_tokens", "temperature", "top_k", "seed", "prompt"))
 
 
 def _inspect_flags(p) -> None:

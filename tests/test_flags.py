@@ -80,7 +80,7 @@ def test_every_config_flag_default_is_the_configs():
     assert train["self_guided"] == configs.TransformerConfig.guide_share and train["output_bias"] is True
     assert train["cross_fit"] == configs.ResidualConfig.folds and train["residual_scale"] == "fixed"
     generate = parse("generate", "--workdir", "w", "--run", "r")
-    assert {k: generate[k] for k in ("num_samples", "max_tokens", "temperature", "top_k", "seed")} == \
+    assert {k: generate[k] for k in ("num_samples", "max_tokens", "temperature", "top_k", "seed", "prompt")} == \
         dataclasses.asdict(configs.GenerateConfig())
     inspect = parse("inspect", "--workdir", "w", "--run", "r")
     assert (inspect["windows"], inspect["energy"]) == (configs.InspectConfig.windows, configs.InspectConfig.energy)

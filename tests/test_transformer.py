@@ -171,3 +171,26 @@ def test_cli_trains_evaluates_and_scores_blimp_on_a_transformer(tiny_workdir, tm
     # a held-out tail as long as the whole split is refused with a clear error
     assert main(["train", *args, "--init", "explicit", "--model", "transformer", "--holdout-tokens", "1000000"]) == 2
     assert "covers the whole training split" in capsys.readouterr().err
+
+
+def test_greedy_generation_continues_the_prompt_as_a_whole_sequence_forward_does(tiny_workdir):
+    """``generate(..., prompt=P, top_k=1)`` slides a ``context + 1`` window; a float64 greedy
+    reference feeds the whole ``<eod> P …`` sequence to the model each step (the context holds
+    it all) and takes the best non-``<pad>`` token: both give the same text."""
+    from saffu.data.tokenizer import decode
+    from saffu.eval.scoring import generate
+    config = TransformerConfig(tiny_workdir.vocab_size, width=16, layers=1, heads=2, context_tokens=24, max_len=64)
+    params = model_init(config, jax.random.key(5))
+    tokenizer, prompt = tiny_workdir.tokenizer(), "the cat"
+    sequence = [EOD_ID, *tokenizer.encode(prompt).ids]
+    for _ in range(6):
+        logits = np.asarray(model_logits(config, params, jnp.asarray([sequence], jnp.int32)), np.float64)[0, -1]
+        logits[PAD_ID] = -np.inf
+        token = int(np.argmax(logits))
+        if token == EOD_ID:
+            break
+        sequence.append(token)
+    texts = generate(params, config, tokenizer, jax.random.key(0), num_samples=2, max_tokens=6, top_k=1,
+                     prompt=prompt)
+    assert texts == [decode(tokenizer, sequence[1:])] * 2
+    assert texts[0].startswith(prompt)

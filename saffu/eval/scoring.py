@@ -82,16 +82,22 @@ def _sample_next(params: Params, config, top_k: int, windows: jax.Array, key: ja
 
 def generate(params: Params, config: SaffuConfig, tokenizer, key: jax.Array,
              num_samples: int = GenerateConfig.num_samples, max_tokens: int = GenerateConfig.max_tokens,
-             temperature: float = GenerateConfig.temperature, top_k: int = GenerateConfig.top_k) -> list[str]:
-    """Sample documents: each starts after an ``<eod>`` (a document start) and stops at the
-    next ``<eod>`` or after ``max_tokens``, from the ``top_k`` most likely tokens (``0``: the
-    full distribution). The defaults are :class:`saffu.configs.GenerateConfig`'s (``saffu generate``'s)."""
+             temperature: float = GenerateConfig.temperature, top_k: int = GenerateConfig.top_k,
+             prompt: str = GenerateConfig.prompt) -> list[str]:
+    """Sample documents: each starts after an ``<eod>`` (a document start), continues ``prompt``
+    (its BPE tokens follow the ``<eod>``; the model reads the last ``config.context`` of them)
+    and stops at the next ``<eod>`` or after ``max_tokens`` new tokens, from the ``top_k`` most
+    likely tokens (``0``: the full distribution). Returns ``num_samples`` texts, each the prompt
+    and its continuation. The defaults are :class:`saffu.configs.GenerateConfig`'s (``saffu
+    generate``'s)."""
     if temperature <= 0:
         raise SaffuError("--temperature must be > 0")
     R = config.context
-    windows = np.full((num_samples, R + 1), PAD_ID, np.int32)
-    windows[:, -1] = EOD_ID
-    outputs = [[] for _ in range(num_samples)]
+    start = [EOD_ID, *(tokenizer.encode(prompt).ids if prompt else ())]
+    windows = np.full((num_samples, R + 1 + len(start)), PAD_ID, np.int32)
+    windows[:, -len(start):] = start
+    windows = windows[:, -(R + 1):]
+    outputs = [list(start[1:]) for _ in range(num_samples)]
     finished = np.zeros(num_samples, bool)
     for step_key in jax.random.split(key, max_tokens):
         tokens = np.asarray(_sample_next(params, config, top_k, jnp.asarray(windows), step_key,
