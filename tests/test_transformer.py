@@ -173,14 +173,19 @@ def test_cli_trains_evaluates_and_scores_blimp_on_a_transformer(tiny_workdir, tm
     assert "covers the whole training split" in capsys.readouterr().err
 
 
-def test_greedy_generation_continues_the_prompt_as_a_whole_sequence_forward_does(tiny_workdir):
-    """``generate(..., prompt=P, top_k=1)`` slides a ``context + 1`` window; a float64 greedy
-    reference feeds the whole ``<eod> P …`` sequence to the model each step (the context holds
-    it all) and takes the best non-``<pad>`` token: both give the same text."""
+@pytest.mark.parametrize("kind", ["transformer", "saffu"])
+def test_greedy_generation_continues_the_prompt_as_a_whole_sequence_forward_does(tiny_workdir, kind):
+    """``generate(..., prompt=P, top_k=1)`` — the transformer through its key/value cache, SAFFU
+    by a window of its context — against a float64 greedy reference that feeds the whole
+    ``<eod> P …`` sequence to the model each step and takes the best non-``<pad>`` token: the
+    same text."""
     from saffu.data.tokenizer import decode
-    from saffu.eval.scoring import generate
-    config = TransformerConfig(tiny_workdir.vocab_size, width=16, layers=1, heads=2, context_tokens=24, max_len=64)
+    from saffu.eval.scoring import cached, generate
+    V = tiny_workdir.vocab_size
+    config = {"transformer": TransformerConfig(V, width=16, layers=2, heads=2, context_tokens=24, max_len=64),
+              "saffu": SaffuConfig(V, bits=10, radius=4, heads=1)}[kind]
     params = model_init(config, jax.random.key(5))
+    assert cached(config, 20) == (kind == "transformer")
     tokenizer, prompt = tiny_workdir.tokenizer(), "the cat"
     sequence = [EOD_ID, *tokenizer.encode(prompt).ids]
     for _ in range(6):
@@ -194,3 +199,24 @@ def test_greedy_generation_continues_the_prompt_as_a_whole_sequence_forward_does
                      prompt=prompt)
     assert texts == [decode(tokenizer, sequence[1:])] * 2
     assert texts[0].startswith(prompt)
+
+
+def test_the_key_value_cache_gives_the_whole_sequence_logits():
+    """:func:`decode_step`, one position at a time, equals the whole-sequence forward at every
+    position (two documents in a row: attention stays inside each), with and without an output
+    bias; float32 on both sides, tolerance 1e-5."""
+    from saffu.models.transformer import decode_cache, decode_step
+    tokens = jnp.asarray([[EOD_ID, 5, 7, 9, EOD_ID, 3, 4, 8, 2, EOD_ID, 6],
+                          [EOD_ID, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]], jnp.int32)
+    step = jax.jit(decode_step, static_argnums=1)
+    for bias in (True, False):
+        config = TransformerConfig(50, width=16, layers=2, heads=2, context_tokens=4, max_len=16, output_bias=bias)
+        params = model_init(config, jax.random.key(0))
+        cache, rows = decode_cache(config, 2), []
+        for t in range(tokens.shape[1]):
+            logits, cache = step(params, config, cache, tokens[:, t])
+            rows.append(np.asarray(logits))
+        np.testing.assert_allclose(np.stack(rows, 1), np.asarray(model_logits(config, params, tokens)), atol=1e-5)
+    with pytest.raises(SaffuError, match="dense transformer"):
+        decode_step(params, TransformerConfig(50, width=16, layers=1, heads=2, context_tokens=4, max_len=16,
+                                              ffn="lowrank"), cache, tokens[:, 0])

@@ -72,7 +72,13 @@ def _sample_next(params: Params, config, top_k: int, windows: jax.Array, key: ja
     """The next token of every window, ``int32[B]``, from ``softmax(logits / temperature)``
     restricted to the ``top_k`` most likely tokens (all for 0), never ``<pad>``; the weights
     are arguments, so one compilation serves every call of a config and shape."""
-    logits = model_logits(config, params, windows)[:, -1] / temperature
+    return _pick(model_logits(config, params, windows)[:, -1], top_k, key, temperature)
+
+
+def _pick(logits: jax.Array, top_k: int, key: jax.Array, temperature: jax.Array) -> jax.Array:
+    """A token of each row of ``logits float[B, V]`` from ``softmax(logits / temperature)`` over
+    its ``top_k`` most likely tokens (all for 0), never ``<pad>``: ``int32[B]``."""
+    logits = logits.astype(jnp.float32) / temperature
     if top_k:
         threshold = jax.lax.top_k(logits, min(top_k, logits.shape[-1]))[0][:, -1:]
         logits = jnp.where(logits < threshold, -jnp.inf, logits)
@@ -80,20 +86,58 @@ def _sample_next(params: Params, config, top_k: int, windows: jax.Array, key: ja
     return jax.random.categorical(key, logits)
 
 
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _cached_samples(params: Params, config, top_k: int, steps: int, start: jax.Array, key: jax.Array,
+                    temperature: jax.Array) -> jax.Array:
+    """``steps`` sampled tokens ``int32[B, steps]`` after ``start int32[B, S]`` with the
+    transformer's key/value cache (:func:`saffu.models.transformer.decode_step`): the start read
+    in one scan, then one position per new token, all in one executable (no host read per token)."""
+    from saffu.models.transformer import decode_cache, decode_step
+    cache = decode_cache(config, start.shape[0])
+    read = lambda cache, tokens: decode_step(params, config, cache, tokens)[::-1]    # (cache, logits)
+    cache, logits = jax.lax.scan(read, cache, start.T)
+
+    def sample(carry, step_key):
+        cache, logits = carry
+        token = _pick(logits, top_k, step_key, temperature)
+        cache, logits = jax.lax.scan(read, cache, token[None])
+        return (cache, logits[-1]), token
+
+    _, tokens = jax.lax.scan(sample, (cache, logits[-1]), jax.random.split(key, steps))
+    return tokens.T
+
+
+def cached(config, positions: int) -> bool:
+    """Whether :func:`generate` samples ``config`` with the key/value cache: a dense transformer
+    whose ``max_len`` holds the ``positions`` (start and new tokens); else by whole windows."""
+    return (getattr(config, "kind", None) == "transformer" and config.ffn == "dense" and not config.guide_share
+            and positions <= config.max_len)
+
+
 def generate(params: Params, config: SaffuConfig, tokenizer, key: jax.Array,
              num_samples: int = GenerateConfig.num_samples, max_tokens: int = GenerateConfig.max_tokens,
              temperature: float = GenerateConfig.temperature, top_k: int = GenerateConfig.top_k,
              prompt: str = GenerateConfig.prompt) -> list[str]:
     """Sample documents: each starts after an ``<eod>`` (a document start), continues ``prompt``
-    (its BPE tokens follow the ``<eod>``; the model reads the last ``config.context`` of them)
-    and stops at the next ``<eod>`` or after ``max_tokens`` new tokens, from the ``top_k`` most
-    likely tokens (``0``: the full distribution). Returns ``num_samples`` texts, each the prompt
-    and its continuation. The defaults are :class:`saffu.configs.GenerateConfig`'s (``saffu
-    generate``'s)."""
+    (its BPE tokens follow the ``<eod>``) and stops at the next ``<eod>`` or after
+    ``max_tokens`` new tokens, from the ``top_k`` most likely tokens (``0``: the full
+    distribution). Returns ``num_samples`` texts, each the prompt and its continuation. A dense
+    transformer (:func:`cached`) reads the whole sample so far through its key/value cache, one
+    position per new token, in one jitted scan; another model reads the last ``config.context``
+    tokens in a window per new token. The defaults are :class:`saffu.configs.GenerateConfig`'s
+    (``saffu generate``'s)."""
     if temperature <= 0:
         raise SaffuError("--temperature must be > 0")
     R = config.context
     start = [EOD_ID, *(tokenizer.encode(prompt).ids if prompt else ())]
+    if cached(config, len(start) + max_tokens):
+        tokens = np.asarray(_cached_samples(params, config, top_k, max_tokens,
+                                            jnp.asarray([start] * num_samples, jnp.int32), key, jnp.float32(temperature)))
+        texts = []
+        for row in tokens.tolist():
+            row = row[:row.index(EOD_ID)] if EOD_ID in row else row
+            texts.append(decode(tokenizer, start[1:] + row))
+        return texts
     windows = np.full((num_samples, R + 1 + len(start)), PAD_ID, np.int32)
     windows[:, -len(start):] = start
     windows = windows[:, -(R + 1):]

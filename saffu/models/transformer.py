@@ -246,3 +246,58 @@ def structure_mlp(dense_params: Params, dense_config: TransformerConfig, config:
             if config.guide_share:
                 block[name]["guide"] = kernel
     return params
+
+
+def _layer_norm(p: Params, x: jax.Array, epsilon: float = 1e-6) -> jax.Array:
+    """``nnx.LayerNorm`` (its default ``epsilon``) with the params dict ``{"scale", "bias"}``."""
+    mean = jnp.mean(x, axis=-1, keepdims=True)
+    variance = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
+    return (x - mean) * jax.lax.rsqrt(variance + epsilon) * p["scale"][None] + p["bias"][None]
+
+
+def decode_cache(config: TransformerConfig, batch: int) -> Params:
+    """An empty key/value cache of ``batch`` sequences of up to ``config.max_len`` tokens:
+    ``keys``, ``values`` ``float32[L, B, max_len, H, d/H]``, ``documents int32[B, max_len]`` (the
+    document index of each cached position: ``<eod>``s up to it), ``document int32[B]`` (the
+    current one) and ``length int32[]`` (positions filled)."""
+    shape = (config.layers, batch, config.max_len, config.heads, config.width // config.heads)
+    return {"keys": jnp.zeros(shape, jnp.float32), "values": jnp.zeros(shape, jnp.float32),
+            "documents": jnp.zeros((batch, config.max_len), jnp.int32), "document": jnp.zeros((batch,), jnp.int32),
+            "length": jnp.zeros((), jnp.int32)}
+
+
+def decode_step(params: Params, config: TransformerConfig, cache: Params, tokens: jax.Array) -> tuple[jax.Array, Params]:
+    """One position of every sequence with the key/value cache: ``tokens int32[B]`` at position
+    ``cache["length"]`` -> (next-token logits ``float32[B, V]``, the cache with it added). The
+    logits equal :func:`transformer_logits`' at that position of the whole sequence (attention
+    causal and inside the token's document), at the cost of one position instead of all of them.
+    A dense MLP only (a structured or self-guided one: :func:`transformer_logits`)."""
+    if config.ffn != "dense" or config.guide_share:
+        raise SaffuError("the key/value cache decodes a dense transformer; a structured MLP samples by whole windows")
+    position = cache["length"]
+    document = cache["document"] + (tokens == EOD_ID).astype(jnp.int32)                    # [B]
+    documents = cache["documents"].at[:, position].set(document)
+    visible = (jnp.arange(config.max_len)[None] <= position) & (documents == document[:, None])   # [B, T]
+    x = params["embed"]["embedding"][tokens] + params["positions"][position][None]          # [B, d]
+    keys, values = cache["keys"], cache["values"]
+    for index in range(config.layers):
+        block = params["blocks"][index]
+        attention = block["attention"]
+        h = _layer_norm(block["attention_norm"], x)
+        project = lambda name, h=h, attention=attention: (jnp.einsum("bd,dhk->bhk", h, attention[name]["kernel"])
+                                                          + attention[name]["bias"][None])
+        q = project("query")
+        keys = keys.at[index, :, position].set(project("key"))
+        values = values.at[index, :, position].set(project("value"))
+        scores = jnp.einsum("bhk,bthk->bht", q / jnp.sqrt(q.shape[-1]).astype(q.dtype), keys[index])
+        scores = jnp.where(visible[:, None, :], scores, jnp.finfo(scores.dtype).min)
+        mixed = jnp.einsum("bht,bthk->bhk", jax.nn.softmax(scores, axis=-1), values[index])
+        x = x + jnp.einsum("bhk,hkd->bd", mixed, attention["out"]["kernel"]) + attention["out"]["bias"][None]
+        h = _layer_norm(block["mlp_norm"], x)
+        h = jax.nn.gelu(h @ block["mlp_in"]["kernel"] + block["mlp_in"]["bias"][None])
+        x = x + h @ block["mlp_out"]["kernel"] + block["mlp_out"]["bias"][None]
+    logits = _layer_norm(params["final_norm"], x) @ params["output"]["kernel"]
+    if "bias" in params["output"]:
+        logits = logits + params["output"]["bias"][None]
+    return logits, {"keys": keys, "values": values, "documents": documents, "document": document,
+                    "length": position + 1}
