@@ -70,7 +70,7 @@ _EXPORTS = {
     "saffu.training.checkpoints": ["check_inputs", "load_explicit", "load_params", "pack_run", "save_explicit",
                                    "save_explicit_run"],
     "saffu.eval.metrics": ["language_model_metrics", "split_metrics"],
-    "saffu.eval.scoring": ["evaluate_split", "generate"],
+    "saffu.eval.scoring": ["evaluate_split", "generate", "generate_ids"],
     "saffu.eval.attention": ["attention_profile", "effective_rank", "inspect_attention", "layers_before_lazy",
                              "mean_attention", "offset_profile"],
     "saffu.interop.init": ["ExplicitPieces", "explicit_init", "tied_matrix"],

@@ -294,14 +294,21 @@ def cmd_ngram(args) -> dict:
 def cmd_generate(args) -> dict:
     import jax
 
-    from saffu.eval.scoring import generate
+    from saffu.data.tokenizer import decode
+    from saffu.eval.scoring import generate_ids
     workdir, config, params, which = _load_run(args)
-    texts = generate(params, config, workdir.tokenizer(), jax.random.key(args.seed), args.num_samples,
-                     args.max_tokens, args.temperature, args.top_k, args.prompt)
+    tokenizer, tick = workdir.tokenizer(), time.perf_counter()
+    prompt = tokenizer.encode(args.prompt).ids if args.prompt else []
+    samples = generate_ids(params, config, prompt, jax.random.key(args.seed), args.num_samples, args.max_tokens,
+                           args.temperature, args.top_k)
+    seconds, texts = time.perf_counter() - tick, [decode(tokenizer, [*prompt, *ids]) for ids in samples]
     print(f"{len(texts)} samples from {args.run} ({which}):")
     for text in texts:
         print(f"  > {text}")
+    new = sum(map(len, samples))
+    print(f"{new:,} new tokens in {seconds:.2f} s, compilation included ({new / seconds:,.1f} tokens/s)")
     return {"weights": which, "samples": len(texts), "mean_chars": sum(map(len, texts)) / max(len(texts), 1),
+            "new_tokens": new, "seconds": seconds, "tokens_per_s": new / seconds,
             **{f"sample_{i}": t for i, t in enumerate(texts)}}
 
 

@@ -121,27 +121,34 @@ def generate(params: Params, config: SaffuConfig, tokenizer, key: jax.Array,
     """Sample documents: each starts after an ``<eod>`` (a document start), continues ``prompt``
     (its BPE tokens follow the ``<eod>``) and stops at the next ``<eod>`` or after
     ``max_tokens`` new tokens, from the ``top_k`` most likely tokens (``0``: the full
-    distribution). Returns ``num_samples`` texts, each the prompt and its continuation. A dense
-    transformer (:func:`cached`) reads the whole sample so far through its key/value cache, one
-    position per new token, in one jitted scan; another model reads the last ``config.context``
-    tokens in a window per new token. The defaults are :class:`saffu.configs.GenerateConfig`'s
+    distribution). Returns ``num_samples`` texts, each the prompt and its continuation
+    (:func:`generate_ids` decoded). The defaults are :class:`saffu.configs.GenerateConfig`'s
     (``saffu generate``'s)."""
+    prompt_ids = tokenizer.encode(prompt).ids if prompt else []
+    samples = generate_ids(params, config, prompt_ids, key, num_samples, max_tokens, temperature, top_k)
+    return [decode(tokenizer, [*prompt_ids, *ids]) for ids in samples]
+
+
+def generate_ids(params: Params, config: SaffuConfig, prompt_ids, key: jax.Array,
+                 num_samples: int = GenerateConfig.num_samples, max_tokens: int = GenerateConfig.max_tokens,
+                 temperature: float = GenerateConfig.temperature, top_k: int = GenerateConfig.top_k) -> list[list[int]]:
+    """The new token ids of :func:`generate`'s samples after ``<eod>`` and ``prompt_ids`` (each
+    up to ``max_tokens``, without the closing ``<eod>``). A dense transformer (:func:`cached`)
+    reads the whole sample so far through its key/value cache, one position per new token, in
+    one jitted scan; another model reads the last ``config.context`` tokens in a window per new
+    token (one forward pass and host read each)."""
     if temperature <= 0:
         raise SaffuError("--temperature must be > 0")
     R = config.context
-    start = [EOD_ID, *(tokenizer.encode(prompt).ids if prompt else ())]
+    start = [EOD_ID, *prompt_ids]
     if cached(config, len(start) + max_tokens):
         tokens = np.asarray(_cached_samples(params, config, top_k, max_tokens,
                                             jnp.asarray([start] * num_samples, jnp.int32), key, jnp.float32(temperature)))
-        texts = []
-        for row in tokens.tolist():
-            row = row[:row.index(EOD_ID)] if EOD_ID in row else row
-            texts.append(decode(tokenizer, start[1:] + row))
-        return texts
+        return [row[:row.index(EOD_ID)] if EOD_ID in row else row for row in tokens.tolist()]
     windows = np.full((num_samples, R + 1 + len(start)), PAD_ID, np.int32)
     windows[:, -len(start):] = start
     windows = windows[:, -(R + 1):]
-    outputs = [list(start[1:]) for _ in range(num_samples)]
+    outputs = [[] for _ in range(num_samples)]
     finished = np.zeros(num_samples, bool)
     for step_key in jax.random.split(key, max_tokens):
         tokens = np.asarray(_sample_next(params, config, top_k, jnp.asarray(windows), step_key,
@@ -155,4 +162,4 @@ def generate(params: Params, config: SaffuConfig, tokenizer, key: jax.Array,
         if finished.all():
             break
         windows = np.concatenate([windows[:, 1:], tokens[:, None].astype(np.int32)], axis=1)
-    return [decode(tokenizer, ids) for ids in outputs]
+    return outputs
