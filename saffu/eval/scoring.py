@@ -100,8 +100,8 @@ def _cached_samples(params: Params, config, top_k: int, steps: int, start: jax.A
     def sample(carry, step_key):
         cache, logits = carry
         token = _pick(logits, top_k, step_key, temperature)
-        cache, logits = jax.lax.scan(read, cache, token[None])
-        return (cache, logits[-1]), token
+        logits, cache = decode_step(params, config, cache, token)
+        return (cache, logits), token
 
     _, tokens = jax.lax.scan(sample, (cache, logits[-1]), jax.random.split(key, steps))
     return tokens.T

@@ -284,13 +284,18 @@ def grow(params: Params, config, reference_params: Params, reference, layers: in
     return config, params
 
 
+def _check_structured(config) -> None:
+    """``--ffn-from``'s model must be a structured transformer (checked before its run is written)."""
+    if config.kind != "transformer" or config.ffn == "dense":
+        raise SaffuError("--ffn-from needs a structured transformer: --model transformer --ffn lowrank|blockdense|"
+                         "blockshuffle")
+
+
 def structured_from(dense_params: Params, dense_config, config) -> Params:
     """Every weight of a trained dense transformer, its MLP kernels turned into ``config``'s
     structure by SVD (trained-SVD init; kept as the dense guide when self-guided)."""
     from saffu.models.transformer import structure_mlp
-    if config.kind != "transformer" or config.ffn == "dense":
-        raise SaffuError("--ffn-from needs a structured transformer: --model transformer --ffn lowrank|blockdense|"
-                         "blockshuffle")
+    _check_structured(config)
     if dense_config.kind != "transformer":
         raise SaffuError(f"--ffn-from holds a {dense_config.kind}; it must be a dense transformer run")
     return structure_mlp(dense_params, dense_config, config)
@@ -383,9 +388,8 @@ def _start(workdir, run, start, key, new_model, residual, factors, progress, ann
         return config, load_explicit(run, config), 0.0
     if config.kind in ("saffu", "factorised"):
         workdir.check_radius(config.radius)
-    if start.ffn_from is not None and (config.kind != "transformer" or config.ffn == "dense"):
-        raise SaffuError("--ffn-from needs a structured transformer: --model transformer --ffn lowrank|blockdense|"
-                         "blockshuffle")
+    if start.ffn_from is not None:
+        _check_structured(config)
     start_run(run, config, workdir)
     params = model_init(config, key)
     if start.ffn_from is not None:
