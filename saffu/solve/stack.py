@@ -419,7 +419,7 @@ def _calibrate(solved, block, index, config, stream, counted_end, solver):
     windows = jnp.asarray(np.stack([w for w, _ in batches]))                 # [n, 8, R + 256]
     masks = jnp.asarray(np.stack([m for _, m in batches]))
     if config.hidden == 0:
-        return _newton_direct(solved, block, index, truncated, windows, masks, solver)
+        return _newton_direct(solved, block, truncated, windows, masks, solver)
     arguments = (solved, block, windows, masks)      # weights and data are arguments, not constants
     compiled = _chain_loss_and_grad.lower(jnp.ones(2, jnp.float32), *arguments, config=truncated).compile()
     fun = lambda t: tuple(np.asarray(x, np.float64) for x in compiled(jnp.asarray(t, jnp.float32), *arguments))
@@ -429,7 +429,7 @@ def _calibrate(solved, block, index, config, stream, counted_end, solver):
     return jnp.asarray(result.x, jnp.float32), float(result.fun), int(result.nfev)
 
 
-def _newton_direct(solved, block, index, config, windows, masks, solver, rows: int = 64, parts: int = 8):
+def _newton_direct(solved, block, config, windows, masks, solver, rows: int = 64, parts: int = 8):
     """Newton steps on ``β`` for ``logits = b + Σ_g β_g L_g``: gradient ``Σ E_p[L_g] − L_g[y]``,
     Hessian ``Σ Cov_p(L_g, L_h)`` (positive semi-definite), both in one pass per step.
 
