@@ -5,15 +5,37 @@ split of a prepared work directory with (1) the saffu engine (jit-compiled int32
 accumulators sharded over local devices), (2) numpy ``np.add.at``, (3) ``scipy.sparse``
 (COO -> summed duplicates). All three start from the token stream and share the same sparse
 cipher representation; the script checks they agree and reports throughput and speed-ups.
+The repeats are interleaved (engine, numpy, scipy, engine, ...) so machine load hits every
+method alike; medians, per-repeat speed-ups and the load averages are reported.
+
+Guarding against regressions:
+
+* ``--write-result`` stores the figures in ``results/bench_stats.json`` (with the command,
+  date, machine and load, by ``experiments/results.py``);
+* ``--check`` exits nonzero when the engine is below ``--min-speedup`` times numpy (10 by
+  default), when its speed-up over numpy is more than ``--max-slowdown`` times below the
+  stored one (numpy in the same run is the yardstick, so the check survives a busy machine),
+  or when a timed pass compiled its step;
+* ``--against REV`` runs this benchmark and the same script of revision ``REV`` (from a git
+  worktree, each in its own process, alternating repeat by repeat) and reports the ratio of
+  the two engines' times and speed-ups.
 
     python experiments/bench_stats.py --workdir W --metrics-json b.json
+    python experiments/bench_stats.py --workdir W --repeats 5 --write-result
+    python experiments/bench_stats.py --workdir W --check
+    python experiments/bench_stats.py --workdir W --against 70b1b1d --repeats 3
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import os
+import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -23,6 +45,10 @@ import scipy.sparse
 from saffu import accumulate_states, local_mesh, offset_cooccurrence, open_workdir, sparse_bit_cipher
 from saffu._io import write_metrics
 from saffu.data.tokenizer import EOD_ID, PAD_ID
+from saffu.engine.accumulators import _compiled_step
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULT = ROOT / "results" / "bench_stats.json"
 
 
 def parse_args(argv=None):
@@ -37,14 +63,22 @@ def parse_args(argv=None):
     parser.add_argument("--chunk-size", type=int, default=1 << 15)
     parser.add_argument("--repeats", type=int, default=3, help="timing repeats per method (median is kept)")
     parser.add_argument("--metrics-json", type=Path)
+    parser.add_argument("--write-result", action="store_true", help=f"store the figures in {RESULT.relative_to(ROOT)}")
+    parser.add_argument("--check", action="store_true",
+                        help="exit nonzero on a regression against the stored figures (see --min-speedup, --max-slowdown)")
+    parser.add_argument("--min-speedup", type=float, default=10.0,
+                        help="--check: the least median speed-up of the one-device engine over np.add.at")
+    parser.add_argument("--max-slowdown", type=float, default=1.5,
+                        help="--check: the most the speed-up over numpy may fall below the stored one (a factor)")
+    parser.add_argument("--against", metavar="REV",
+                        help="also run REV's bench_stats.py from a git worktree, alternating with this one, "
+                             "and report the ratio")
     return parser.parse_args(argv)
 
 
 ARGS = parse_args()
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + f" --xla_force_host_platform_device_count={ARGS.devices}").strip()
-
-
 
 
 def numpy_contexts(stream: np.ndarray, radius: int) -> np.ndarray:
@@ -117,6 +151,8 @@ def main():
     single = local_mesh(1)
     with_engine(stream[:ARGS.chunk_size], acc, single, ARGS.chunk_size)
     runs = {"engine": [], "engine_one_device": [], "numpy": [], "scipy": []}
+    load_before = os.getloadavg()
+    compiled_before = _compiled_step.cache_info().misses
     for _ in range(ARGS.repeats):  # interleaved, so machine noise hits every method alike
         F_engine, seconds = timed(with_engine, stream, acc, mesh, ARGS.chunk_size)
         runs["engine"].append(seconds)
@@ -125,8 +161,11 @@ def main():
         runs["numpy"].append(seconds)
         F_scipy, seconds = timed(with_scipy, stream, codes, vocab_size, radius)
         runs["scipy"].append(seconds)
+    step_compilations = _compiled_step.cache_info().misses - compiled_before   # 0: every timed pass reused its step
+    load_after = os.getloadavg()
     sharded_seconds, engine_seconds, numpy_seconds, scipy_seconds = (
         float(np.median(runs[k])) for k in ("engine", "engine_one_device", "numpy", "scipy"))
+    paired = [n / e for n, e in zip(runs["numpy"], runs["engine_one_device"])]   # same repeat, same load
 
     agree_numpy = float(np.abs(F_engine - F_numpy).max())
     agree_scipy = float(np.abs(F_engine - F_scipy).max())
@@ -143,6 +182,11 @@ def main():
         "speedup_vs_numpy_sharded": numpy_seconds / sharded_seconds,
         "speedup_vs_scipy_sharded": scipy_seconds / sharded_seconds,
         "max_abs_diff_numpy": agree_numpy, "max_abs_diff_scipy": agree_scipy, "repeats": ARGS.repeats,
+        "chunk_size": ARGS.chunk_size, "step_compilations_timed": step_compilations,
+        "speedup_vs_numpy_per_repeat": paired, "min_speedup_vs_numpy": min(paired),
+        "engine_seconds_per_repeat": runs["engine_one_device"], "numpy_seconds_per_repeat": runs["numpy"],
+        "engine_sharded_seconds_per_repeat": runs["engine"], "scipy_seconds_per_repeat": runs["scipy"],
+        "load_before": list(load_before), "load_after": list(load_after),
     }
     n = mesh.devices.size
     print(f"engine, 1 device : {engine_seconds:6.3f} s {metrics['tokens_per_s']:>12,.0f} tok/s "
@@ -153,8 +197,106 @@ def main():
     print(f"scipy COO->sum   : {scipy_seconds:6.3f} s {metrics['scipy_tokens_per_s']:>12,.0f} tok/s "
           f"-> engine {metrics['speedup_vs_scipy']:.1f}x ({metrics['speedup_vs_scipy_sharded']:.1f}x on {n})")
     print(f"agreement: max |Δ| numpy {agree_numpy:.2e}, scipy {agree_scipy:.2e}")
-    write_metrics(ARGS.metrics_json, metrics)
+    print(f"per repeat vs numpy: {', '.join(f'{x:.1f}x' for x in paired)}; step compilations in timed passes: "
+          f"{step_compilations}; load average {load_before[0]:.2f} -> {load_after[0]:.2f}")
+    write_metrics(ARGS.metrics_json, {key: value for key, value in metrics.items() if not isinstance(value, list)})
+    return metrics
+
+
+def run_script(tree: Path, metrics_json: Path) -> dict:
+    """One run of ``tree``'s ``experiments/bench_stats.py`` (one repeat) in its own process,
+    importing ``tree``'s saffu; returns its metrics."""
+    argv = [sys.executable, str(tree / "experiments" / "bench_stats.py"), "--workdir", str(ARGS.workdir.resolve()),
+            "--radius", str(ARGS.radius), "--bits", str(ARGS.bits), "--devices", str(ARGS.devices),
+            "--chunk-size", str(ARGS.chunk_size), "--repeats", "1", "--metrics-json", str(metrics_json)]
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()      # the child sets its own
+                                if not f.startswith("--xla_force_host_platform_device_count"))
+    done = subprocess.run(argv, cwd=tree, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"{tree}: bench_stats.py failed:\n{done.stderr[-3000:]}")
+    return json.loads(metrics_json.read_text())
+
+
+def against(rev: str) -> dict:
+    """This tree and a worktree of ``rev``, alternating for ``--repeats`` runs of one repeat
+    each; medians per side and the ratios (> 1: this tree is faster)."""
+    sides: dict[str, list[dict]] = {"this": [], rev: []}
+    with tempfile.TemporaryDirectory(prefix="saffu-bench-stats-") as tmp:
+        tree = Path(tmp) / "rev"
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--force", str(tree), rev],
+                       check=True, capture_output=True)
+        try:
+            for repeat in range(ARGS.repeats):
+                for side, root in (("this", ROOT), (rev, tree)):
+                    metrics = run_script(root, Path(tmp) / f"{len(sides[side])}_{side == 'this'}.json")
+                    sides[side].append({**metrics, "load": os.getloadavg()[0]})
+                    print(f"{side:>8} repeat {repeat}: engine {metrics['engine_seconds']:.3f} s, numpy "
+                          f"{metrics['numpy_seconds']:.3f} s, {metrics['speedup_vs_numpy']:.1f}x "
+                          f"(load {sides[side][-1]['load']:.2f})", flush=True)
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], capture_output=True)
+    median = lambda side, key: statistics.median(run[key] for run in sides[side])
+    figures = {"revision": rev, "repeats": ARGS.repeats,
+               "this_engine_seconds": median("this", "engine_seconds"), "rev_engine_seconds": median(rev, "engine_seconds"),
+               "this_speedup_vs_numpy": median("this", "speedup_vs_numpy"),
+               "rev_speedup_vs_numpy": median(rev, "speedup_vs_numpy"),
+               "this_engine_seconds_per_repeat": [r["engine_seconds"] for r in sides["this"]],
+               "rev_engine_seconds_per_repeat": [r["engine_seconds"] for r in sides[rev]],
+               "this_speedup_vs_numpy_per_repeat": [r["speedup_vs_numpy"] for r in sides["this"]],
+               "rev_speedup_vs_numpy_per_repeat": [r["speedup_vs_numpy"] for r in sides[rev]],
+               "load_per_repeat": [r["load"] for pair in zip(sides["this"], sides[rev]) for r in pair]}
+    figures["engine_time_ratio"] = figures["rev_engine_seconds"] / figures["this_engine_seconds"]
+    figures["speedup_ratio"] = figures["this_speedup_vs_numpy"] / figures["rev_speedup_vs_numpy"]
+    print(f"\nengine, 1 device: this {figures['this_engine_seconds']:.3f} s ({figures['this_speedup_vs_numpy']:.1f}x "
+          f"numpy), {rev} {figures['rev_engine_seconds']:.3f} s ({figures['rev_speedup_vs_numpy']:.1f}x numpy): "
+          f"this is {figures['engine_time_ratio']:.2f}x as fast (speed-up ratio {figures['speedup_ratio']:.2f})")
+    return figures
+
+
+def check(metrics: dict) -> list[str]:
+    """Regressions of ``metrics`` against ``--min-speedup`` and the stored figures (empty: none)."""
+    failures = []
+    if metrics["speedup_vs_numpy"] < ARGS.min_speedup:
+        failures.append(f"engine {metrics['speedup_vs_numpy']:.1f}x numpy, below {ARGS.min_speedup:g}x")
+    if metrics["step_compilations_timed"]:
+        failures.append(f"the timed passes compiled the step {metrics['step_compilations_timed']} times")
+    if not RESULT.exists():
+        failures.append(f"no stored figures in {RESULT}; run with --write-result first")
+        return failures
+    stored = json.loads(RESULT.read_text())["figures"]
+    slowdown = stored["speedup_vs_numpy"] / metrics["speedup_vs_numpy"]
+    print(f"stored ({json.loads(RESULT.read_text())['date']}): engine {stored['engine_seconds']:.3f} s, "
+          f"{stored['speedup_vs_numpy']:.1f}x numpy; now {metrics['engine_seconds']:.3f} s, "
+          f"{metrics['speedup_vs_numpy']:.1f}x: {slowdown:.2f}x slower relative to numpy")
+    if slowdown > ARGS.max_slowdown:
+        failures.append(f"speed-up over numpy {slowdown:.2f}x below the stored one (limit {ARGS.max_slowdown:g}x)")
+    return failures
+
+
+def store(name: str, figures: dict, started, load: dict | None = None) -> None:
+    """``results/<name>.json`` through ``experiments/results.py`` (command, date, machine, load)."""
+    sys.path.insert(0, str(ROOT / "experiments"))
+    from results import write_result
+    print(f"wrote {write_result(name, figures, seeds=[], started=started, load=load)}")
+
+
+def cli() -> None:
+    started = datetime.datetime.now(datetime.UTC)
+    if ARGS.against:
+        compared = against(ARGS.against)
+        if ARGS.write_result:
+            store("bench_stats_against", compared, started)
+        return
+    figures = main()
+    if ARGS.write_result:
+        store("bench_stats", figures, started, {"load_before": figures["load_before"], "load_after": figures["load_after"]})
+    if ARGS.check:
+        problems = check(figures)
+        for problem in problems:
+            print(f"REGRESSION: {problem}", file=sys.stderr)
+        sys.exit(1 if problems else 0)
 
 
 if __name__ == "__main__":
-    main()
+    cli()

@@ -201,3 +201,58 @@ def test_passes_longer_than_the_exact_range_are_refused():
     merged = merge_states(*halves)["u"]
     assert merged.dtype == np.int64
     np.testing.assert_array_equal(merged, np.bincount(stream[1:], minlength=30))
+
+
+def permuted_codes(codes, seed):
+    """The same cipher with its regular tokens' codes shuffled: equal shapes, different codes."""
+    order = np.arange(len(codes.level))
+    order[2:] = 2 + np.random.default_rng(seed).permutation(len(order) - 2)
+    return codes._replace(bit_index=codes.bit_index[order], level=codes.level[order])
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_offset_step_compiles_once_over_passes_and_new_codes(layout):
+    """Passes with the same static configuration share one executable, even with accumulators
+    rebuilt from other codes of the same shapes (the codes are runtime inputs), and every pass
+    still counts exactly what np.add.at counts."""
+    from saffu.engine.accumulators import _compiled_step
+    vocab_size, bits = layout
+    radius, chunk = 3, 37                       # a chunk size no other test uses: a fresh cache entry
+    stream = random_stream(11, 700, vocab_size)
+    base = sparse_bit_cipher(vocab_size, bits)
+    misses = []
+    for seed in range(3):
+        codes = base if seed == 0 else permuted_codes(base, seed)
+        acc = offset_cooccurrence(codes, vocab_size, radius)
+        states = accumulate_states(stream, {"u": unigram_counts(vocab_size), "o": acc}, chunk_size=chunk,
+                                   mesh=local_mesh(1), progress=None)
+        misses.append(_compiled_step.cache_info().misses)
+        counts = reference_offset_counts(stream, codes, vocab_size, radius)              # [M, L, K, V]
+        L = counts.shape[1]
+        D = int(np.lcm.reduce(np.arange(1, L + 1)))
+        exact = np.einsum("mlkv,l->mkv", counts, D // np.arange(1, L + 1))
+        np.testing.assert_array_equal(np.rint(acc.finalize(states["o"]) * D).astype(np.int64), exact)
+        np.testing.assert_array_equal(states["u"], np.bincount(stream[1:], minlength=vocab_size))
+    assert misses[1] == misses[0] and misses[2] == misses[0]        # no compilation after the first pass
+
+
+def test_offset_codes_reach_the_compiled_step_as_arguments_not_constants():
+    from saffu.engine.accumulators import _sharded_step
+    vocab_size, bits = 40, 6
+    acc = offset_cooccurrence(sparse_bit_cipher(vocab_size, bits), vocab_size, 2)
+    slots = acc.inputs["slots"]
+    step = _sharded_step((acc,), local_mesh(1), 2, 16, None)
+    table = f"s32[{slots.shape[0]},{slots.shape[1]}]"
+    assert [line for line in step.as_text().splitlines() if "constant(" in line and table in line] == []
+    assert any(table in line for line in step.as_text().splitlines() if "parameter(" in line)
+
+
+def test_closure_updates_are_not_cached_but_static_ones_are():
+    from saffu.engine.accumulators import _compiled_step, _is_static
+    assert _is_static(unigram_counts(5).update) and _is_static(offset_cooccurrence(sparse_bit_cipher(20, 6), 20, 2).update)
+    acc = feature_target(lambda b, context: context["table"][b.context[:, 0]], 6, 25, 1)
+    assert not _is_static(acc.update)
+    before = _compiled_step.cache_info().currsize
+    accumulate(random_stream(2, 100, 25), {"f": acc}, chunk_size=16, progress=None,
+               context={"table": np.ones((25, 6), np.float32)})
+    assert _compiled_step.cache_info().currsize == before          # no executable cached on a closure

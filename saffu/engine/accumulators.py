@@ -3,12 +3,20 @@
 An :class:`Accumulator` is a pure triple (formulation §1–3; house style):
 
 * ``init() -> state`` — a pytree of zeros for one device,
-* ``update(state, batch, context) -> state`` — jittable, on one :class:`Batch` of ``C``
-  targets (their window of the stream, per-target document contexts, targets and tail mask)
-  and the pass's ``context``: a pytree of arrays (for example solved weights) that reaches
-  the compiled step as an argument, never as a compile-time constant (as optax's
-  ``update(updates, state, params)``),
+* ``update(state, batch, context, inputs) -> state`` — jittable, on one :class:`Batch` of
+  ``C`` targets (their window of the stream, per-target document contexts, targets and tail
+  mask), the pass's ``context`` (a pytree of arrays, for example solved weights, as optax's
+  ``update(updates, state, params)``) and the accumulator's own ``inputs`` (a pytree of arrays
+  fixed at construction, for example the cipher's bit table). Both reach the compiled step as
+  arguments, never as compile-time constants,
 * ``finalize(host_state) -> statistics`` — on the host, in float64.
+
+The compiled step is cached per static configuration (the accumulators' ``update`` callables,
+the shapes of states, inputs and context, the mesh and the chunk size) when every ``update`` is
+a hashable value — a frozen dataclass of static parameters, or a module-level function — so
+repeated passes, and accumulators rebuilt with new codes or weights of the same shapes, compile
+once. An ``update`` that is a closure (``feature_target``'s) is compiled for each pass: no
+executable cache is keyed on closures.
 
 States are sums, so two states (two chunks, two devices, two hosts) merge by addition:
 :func:`accumulate` keeps one state per local device (a leading device axis sharded over a
@@ -20,7 +28,10 @@ proportional to the corpus.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import time
+import types
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -62,20 +73,25 @@ class Accumulator(NamedTuple):
 
     Attributes:
       radius: how many context tokens ``update`` reads (``context[:, :radius]``).
-      init: ``() -> state`` for one device.
-      update: ``(state, Batch, context) -> state``; ``context`` is the pass's pytree of
-        arrays (weights), the same for every accumulator of a pass.
+      init: ``() -> state`` for one device, a pytree of zeros.
+      update: ``(state, Batch, context, inputs) -> state``; ``context`` is the pass's pytree
+        of arrays (weights), the same for every accumulator of a pass; ``inputs`` is this
+        accumulator's own pytree of arrays (``inputs`` below). A hashable value (frozen
+        dataclass, module-level function) lets passes share one compiled step.
       finalize: ``(state summed over devices, as numpy) -> statistics``.
       capacity: the most targets one pass may stream while integer states stay exact
         (no cell can pass 2^31); :func:`accumulate_states` refuses longer ranges — split
         them and :func:`merge_states` the (int64) results.
+      inputs: pytree of arrays ``update`` reads (for example an ``int32[V, L]`` bit table),
+        passed to the compiled step as an argument; ``None`` for none.
     """
 
     radius: int
     init: Callable[[], State]
-    update: Callable[[State, Batch], State]
+    update: Callable[[State, Batch, Any, Any], State]
     finalize: Callable[[State], Any]
     capacity: int = 2**31 - 1
+    inputs: Any = None
 
 
 def merge_states(a: State, b: State) -> State:
@@ -114,16 +130,51 @@ def document_context(window: jax.Array, radius: int) -> tuple[jax.Array, jax.Arr
     return context, window[radius:]
 
 
+@dataclasses.dataclass(frozen=True)
+class _CountTargets:
+    """``update`` of :func:`unigram_counts`: ``int32[V]`` state, one count per unmasked target."""
+
+    vocab_size: int
+
+    def __call__(self, state: jax.Array, batch: Batch, context: Any, inputs: Any) -> jax.Array:
+        return state.at[jnp.where(batch.mask, batch.targets, self.vocab_size)].add(1, mode="drop")
+
+
 def unigram_counts(vocab_size: int) -> Accumulator:
     """Target counts ``n[v] = Σ_t [w_{t+1} = v]``, exact. Finalized: ``int64[V]``."""
 
     def init():
         return jnp.zeros((vocab_size,), jnp.int32)  # int32: exact up to 2^31 per token
 
-    def update(state, batch, context):
-        return state.at[jnp.where(batch.mask, batch.targets, vocab_size)].add(1, mode="drop")
+    return Accumulator(0, init, _CountTargets(vocab_size), lambda state: np.asarray(state, np.int64))
 
-    return Accumulator(0, init, update, lambda state: np.asarray(state, np.int64))
+
+@dataclasses.dataclass(frozen=True)
+class _OffsetUpdate:
+    """``update`` of :func:`offset_cooccurrence` (static layout only; the codes are ``inputs``).
+
+    ``inputs``: ``slots int32[V, L]`` (bit of each slot, ``−1`` for none), and per layout
+    ``increment int32[V, L]`` (the integer each slot adds) or ``level_slice int32[V]``.
+    The state is ``int32[V · M · S · K]``, target-major.
+    """
+
+    radius: int
+    dim: int
+    slices: int
+    size: int
+
+    def __call__(self, state: jax.Array, batch: Batch, context: Any, inputs: dict) -> jax.Array:
+        radius, dim, slices, size = self.radius, self.dim, self.slices, self.size
+        tokens, targets, mask = batch.context[:, :radius], batch.targets, batch.mask   # [C, M]
+        bits = inputs["slots"][tokens]                                                  # [C, M, L]
+        row = targets[:, None] * radius + jnp.arange(radius, dtype=jnp.int32)[None, :]
+        if "level_slice" in inputs:
+            row = row * slices + inputs["level_slice"][tokens]
+        cell = row[..., None] * dim + bits
+        cell = jnp.where((bits >= 0) & mask[:, None, None], cell, size)                 # size -> dropped
+        if "increment" in inputs:
+            return state.at[cell.reshape(-1)].add(inputs["increment"][tokens].reshape(-1), mode="drop")
+        return state.at[cell.reshape(-1)].add(1, mode="drop")
 
 
 def offset_cooccurrence(codes: SparseCodes, vocab_size: int, radius: int) -> Accumulator:
@@ -169,17 +220,12 @@ def offset_cooccurrence(codes: SparseCodes, vocab_size: int, radius: int) -> Acc
         # int32: exact while no cell passes 2^31, which ``capacity`` guarantees
         return jnp.zeros((size,), jnp.int32)
 
-    def update(state, batch, _):
-        context, targets, mask = batch.context[:, :radius], batch.targets, batch.mask  # [C, M]
-        bits = jnp.asarray(slots)[context]                               # [C, M, L]
-        row = targets[:, None] * radius + jnp.arange(radius, dtype=jnp.int32)[None, :]
-        if level_slice is not None:
-            row = row * slices + jnp.asarray(level_slice)[context]
-        cell = row[..., None] * dim + bits
-        cell = jnp.where((bits >= 0) & mask[:, None, None], cell, size)  # size -> dropped
-        if increment is None:
-            return state.at[cell.reshape(-1)].add(1, mode="drop")
-        return state.at[cell.reshape(-1)].add(jnp.asarray(increment)[context].reshape(-1), mode="drop")
+    # the codes are runtime inputs of the compiled step (numpy here; placed on the mesh per pass)
+    inputs = {"slots": np.ascontiguousarray(slots, np.int32)}
+    if increment is not None:
+        inputs["increment"] = increment
+    if level_slice is not None:
+        inputs["level_slice"] = level_slice
 
     def finalize(state):
         counts = np.asarray(state).reshape(vocab_size, radius, slices, dim)
@@ -193,7 +239,7 @@ def offset_cooccurrence(codes: SparseCodes, vocab_size: int, radius: int) -> Acc
 
     max_increment = 1 if increment is None else int(increment.max())
     capacity = (2**31 - 1) // (max_increment * max_level)
-    return Accumulator(radius, init, update, finalize, capacity)
+    return Accumulator(radius, init, _OffsetUpdate(radius, dim, slices, size), finalize, capacity, inputs)
 
 
 def blend_background(cooccurrence: np.ndarray, background: np.ndarray, weight: float) -> np.ndarray:
@@ -237,7 +283,7 @@ def feature_target(feature_fn: Callable[[Batch, Any], jax.Array], num_features: 
         shape = (num_targets, num_features) if target_fn is None else (num_features, num_targets)
         return jnp.zeros(shape, dtype)
 
-    def update(state, batch, context):
+    def update(state, batch, context, inputs):
         features = feature_fn(batch, context).astype(dtype) * batch.mask[:, None]
         if target_fn is None:  # rows of the target-major state: a scatter, no one-hot matrix
             return state.at[batch.targets].add(features)
@@ -262,27 +308,74 @@ def _windows(stream: np.ndarray, first_target: int, end: int, num_devices: int,
     return stack_windows(stream, starts, [end] * num_devices, radius, chunk_size)
 
 
-def _sharded_step(accumulators: tuple[Accumulator, ...], mesh: Mesh, radius: int, chunk_size: int,
-                  context: Any):
-    """One step updating every accumulator on every device, compiled ahead of time for
-    ``chunk_size`` targets per device and ``context``'s shapes (the executable also carries
-    XLA's FLOP count). The context is replicated on every device and is an argument of the
-    executable: it holds no weights of its own."""
+def _is_static(update: Callable) -> bool:
+    """Whether ``update`` can key the step cache: a frozen dataclass (hashed by its static
+    fields) or a function with no closure and not nested in another (hashed by identity, and
+    holding no arrays). Closures, partials and bound methods are not."""
+    if dataclasses.is_dataclass(update) and not isinstance(update, type):
+        return bool(update.__dataclass_params__.frozen)
+    return (isinstance(update, types.FunctionType) and update.__closure__ is None
+            and "<locals>" not in update.__qualname__)
 
-    def local_update(states, windows, masks, context):
+
+def _specs(tree: Any, sharding: NamedSharding) -> tuple:
+    """A hashable description of a pytree of arrays: ``(treedef, ShapeDtypeStructs)``."""
+    leaves, treedef = jax.tree.flatten(tree)
+    dtype = lambda x: jax.dtypes.canonicalize_dtype(x.dtype if hasattr(x, "dtype") else np.result_type(x))
+    return treedef, tuple(jax.ShapeDtypeStruct(np.shape(x), dtype(x), sharding=sharding,
+                                               weak_type=getattr(x, "weak_type", False)) for x in leaves)
+
+
+@functools.lru_cache(maxsize=32)
+def _compiled_step(updates: tuple[Callable, ...], state_specs: tuple, mesh: Mesh, radius: int, chunk_size: int,
+                   input_specs: tuple, context_specs: tuple):
+    """The step of :func:`_sharded_step`, compiled for one static configuration: ``updates``
+    (the accumulators' update callables), ``state_specs`` (per accumulator, one device's state
+    ``(treedef, ShapeDtypeStructs)``), ``input_specs`` and ``context_specs`` (the same, for
+    the accumulators' inputs and the pass's context, replicated). Cached only through
+    :func:`_sharded_step`, which passes static updates alone."""
+    state_trees = [jax.tree.unflatten(treedef, leaves) for treedef, leaves in state_specs]
+    inputs = jax.tree.unflatten(*input_specs)
+    context = jax.tree.unflatten(*context_specs)
+
+    def local_update(states, windows, masks, inputs, context):
         tokens, targets = document_context(windows[0], radius)
         batch = Batch(windows[0], tokens, targets, masks[0])
-        return [acc.update(state[0], batch, context)[None] for acc, state in zip(accumulators, states)]
+        return [jax.tree.map(lambda x: x[None], update(jax.tree.map(lambda x: x[0], state), batch, context, own))
+                for update, state, own in zip(updates, states, inputs)]
 
     split, replicated = PartitionSpec(_DEVICE_AXIS), PartitionSpec()
-    step = jax.jit(jax.shard_map(local_update, mesh=mesh, in_specs=(split, split, split, replicated),
+    step = jax.jit(jax.shard_map(local_update, mesh=mesh, in_specs=(split, split, split, replicated, replicated),
                                  out_specs=split),
                    donate_argnums=0)
     num_devices = mesh.devices.size
-    spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, split))
-    states = [spec((num_devices,) + s.shape, s.dtype) for s in (jax.eval_shape(acc.init) for acc in accumulators)]
+    sharded = NamedSharding(mesh, split)
+    spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=sharded)
+    states = [jax.tree.map(lambda s: spec((num_devices,) + s.shape, s.dtype), tree) for tree in state_trees]
     return step.lower(states, spec((num_devices, radius + chunk_size), jnp.int32),
-                      spec((num_devices, chunk_size), jnp.bool_), context).compile()
+                      spec((num_devices, chunk_size), jnp.bool_), inputs, context).compile()
+
+
+def _sharded_step(accumulators: tuple[Accumulator, ...], mesh: Mesh, radius: int, chunk_size: int,
+                  context: Any, inputs: Any = None):
+    """One step updating every accumulator on every device, compiled ahead of time for
+    ``chunk_size`` targets per device and the shapes of ``context`` and of the accumulators'
+    ``inputs`` (the executable also carries XLA's FLOP count). The context and the inputs are
+    replicated on every device and are arguments of the executable: it holds no weights or
+    codes of its own.
+
+    Called as ``step(states, int32[D, R + C] windows, bool[D, C] masks, inputs, context)``,
+    with ``states`` a list (one per accumulator) of states with a leading device axis ``D``
+    and ``inputs`` a tuple of the accumulators' ``inputs``. Compiled once per static
+    configuration when every ``update`` is static (:func:`_is_static`), else on every call."""
+    replicated = NamedSharding(mesh, PartitionSpec())
+    inputs = tuple(acc.inputs for acc in accumulators) if inputs is None else inputs
+    key = (tuple(acc.update for acc in accumulators),
+           tuple(_specs(jax.eval_shape(acc.init), None) for acc in accumulators),
+           mesh, radius, chunk_size, _specs(inputs, replicated), _specs(context, replicated))
+    if all(_is_static(acc.update) for acc in accumulators):
+        return _compiled_step(*key)
+    return _compiled_step.__wrapped__(*key)
 
 
 def accumulate_states(stream: np.ndarray, accumulators: Mapping[str, Accumulator], *,
@@ -331,18 +424,22 @@ def _accumulate_local(stream, accumulators, begin, end, chunk_size, mesh, contex
     num_devices = mesh.devices.size
     radius = max([acc.radius for acc in accumulators.values()] + [1])
     sharded = NamedSharding(mesh, PartitionSpec(_DEVICE_AXIS))
+    replicated = NamedSharding(mesh, PartitionSpec())
     names = list(accumulators)
-    context = jax.device_put(context, NamedSharding(mesh, PartitionSpec()))
-    step = _sharded_step(tuple(accumulators[n] for n in names), mesh, radius, chunk_size, context)
-    states = [jax.device_put(jnp.stack([accumulators[n].init()] * num_devices), sharded)
-              for n in names]
+    accs = tuple(accumulators[n] for n in names)
+    context = jax.device_put(context, replicated)
+    inputs = jax.device_put(tuple(acc.inputs for acc in accs), replicated)
+    step = _sharded_step(accs, mesh, radius, chunk_size, context, inputs)
+    # zeros allocated on the devices directly (init's documented value), one per device
+    states = [jax.tree.map(lambda s: jnp.zeros((num_devices,) + s.shape, s.dtype, device=sharded),
+                           jax.eval_shape(acc.init)) for acc in accs]
     per_step = num_devices * chunk_size
     accounting.record("statistics", step, -(-(end - begin) // per_step))
     with tqdm(total=end - begin, unit="tok", unit_scale=True, desc=progress,
               disable=progress is None, leave=False) as bar:
         for first in range(begin, end, per_step):
             windows, masks = _windows(stream, first, end, num_devices, chunk_size, radius)
-            states = step(states, jax.device_put(windows, sharded), jax.device_put(masks, sharded), context)
+            states = step(states, jax.device_put(windows, sharded), jax.device_put(masks, sharded), inputs, context)
             bar.update(min(per_step, end - first))
     # Adding the device states on the devices is exact: capacity bounds every cell's total.
     if num_devices == 1:
