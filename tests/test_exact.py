@@ -13,7 +13,7 @@ from saffu.configs import ExactConfig
 from saffu.data.tokenizer import EOD_ID, PAD_ID
 from saffu.engine.distributed import document_shard
 from saffu.engine.rows import merge_rows
-from saffu.models.exact import context_ids, exact_logits
+from saffu.models.exact import compact_tables, context_ids, exact_logits, group_rows, table_rows
 from saffu.ngram.counts import count_rows
 from saffu.solve.exact import build_group, complement, solve_exact
 
@@ -94,6 +94,41 @@ def test_sparse_model_equals_the_dense_float64_formula(tiny_workdir, bucket_by, 
     if smoothing == "kneser_ney":     # the root's log(p_cont / p) is one stored V-vector, its rows stay sparse
         assert params["groups"][0]["shift"].shape == (V,)
         assert report["group0_dense_contexts"] < report["group0_contexts"]
+
+
+def _per_group_logits(params, config, tokens):
+    """The lookup one group at a time: ``log p + Σ_g β_g · L_g``, each group's ``V``-wide row
+    built on its own (the formulation the fused lookup replaces)."""
+    B, S = tokens.shape
+    logits = jnp.broadcast_to(params["log_prior"], (B * S, config.vocab_size))
+    for g, (row, bucket) in enumerate(group_rows(params, config, tokens)):
+        logits = logits + params["beta"][g, bucket][:, None] * row
+    return logits.reshape(B, S, config.vocab_size)
+
+
+@pytest.mark.parametrize("bucket_by", [None, 1])
+def test_fused_lookup_over_compact_tables_equals_the_per_group_rows(tiny_workdir, bucket_by):
+    V = tiny_workdir.vocab_size
+    config = ExactConfig(vocab_size=V, groups=((0,), (1,), (0, 1)), buckets=(3,), holdout_tokens=200,
+                         smoothing="kneser_ney", bucket_by=bucket_by)
+    params, _ = solve_exact(tiny_workdir, config, progress=False)
+    compact = compact_tables(params)
+    assert all("ell_col" not in group and "sparse_col" in group for group in compact["groups"])
+    assert all(a is b for a, b in zip(compact_tables(compact)["groups"], compact["groups"]))     # already compact
+    padded_bytes = sum(group["ell_col"].nbytes + group["ell_val"].nbytes for group in params["groups"])
+    compact_bytes = sum(group[name].nbytes for group in compact["groups"]
+                        for name in ("sparse_start", "sparse_col", "sparse_val", "sparse_slots"))
+    assert compact_bytes < padded_bytes
+    stream = np.asarray(tiny_workdir.tokens("dev"))
+    tokens = jnp.asarray(np.stack([stream[:40], stream[40:80]]).astype(np.int32))
+    want = _per_group_logits(params, config, tokens)
+    for tables in (params, compact):
+        np.testing.assert_allclose(np.asarray(exact_logits(tables, config, tokens)), np.asarray(want), atol=1e-5)
+    ids = jnp.arange(compact["groups"][2]["const"].shape[0], dtype=jnp.int32)        # every context, sentinel too
+    np.testing.assert_array_equal(np.asarray(table_rows(compact["groups"][2], ids)),
+                                  np.asarray(table_rows(params["groups"][2], ids)))
+    log_probs = lambda logits: np.asarray(jax.nn.log_softmax(logits, axis=-1))
+    np.testing.assert_allclose(log_probs(exact_logits(compact, config, tokens)), log_probs(want), atol=1e-5)
 
 
 def test_context_search_finds_counted_contexts_and_only_those():

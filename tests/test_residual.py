@@ -58,6 +58,47 @@ def test_residual_at_step_zero_is_the_explicit_model(tiny_workdir, exact_model, 
     assert float(jnp.abs(model_logits(base, base_params(params, config), tokens)).max()) == 0.0   # f_θ starts at exactly 0
 
 
+def _per_group_log_probs(explicit_config, explicit, tokens):
+    """The exact model's log-probabilities one group at a time over its padded tables (the
+    lookup the residual's fused one over compacted tables replaces)."""
+    from saffu.models.exact import group_rows
+    B, S = tokens.shape
+    logits = jnp.broadcast_to(explicit["log_prior"], (B * S, explicit_config.vocab_size))
+    for g, (row, bucket) in enumerate(group_rows(explicit, explicit_config, tokens)):
+        logits = logits + explicit["beta"][g, bucket][:, None] * row
+    return jax.nn.log_softmax(logits.reshape(B, S, -1), axis=-1)
+
+
+def test_residual_loss_and_gradients_equal_the_per_group_lookup(tiny_workdir, exact_model):
+    V = tiny_workdir.vocab_size
+    explicit_config, explicit = exact_model
+    base = TransformerConfig(V, width=16, layers=1, heads=2, context_tokens=4, max_len=64)
+    config, params = _residual(tiny_workdir, exact_model, base, scale="learned")
+    assert "ell_col" not in params["explicit"]["groups"][0]                 # held compacted
+    tokens = _windows(tiny_workdir)
+    reference = _per_group_log_probs(explicit_config, explicit, tokens)
+    np.testing.assert_allclose(np.asarray(jax.nn.log_softmax(model_logits(config, params, tokens), axis=-1)),
+                               np.asarray(reference), atol=1e-5)               # step 0: the exact model
+    params["model"] = model_init(base, jax.random.key(4))                     # a non-zero f_θ, and λ ≠ 1
+    params["scale"] = jnp.float32(0.8)
+    mask = jnp.ones((tokens.shape[0], tokens.shape[1] - config.context), bool)
+
+    def loss(trained):
+        nll, count = window_loss({**params, **trained}, config, tokens, mask)
+        return nll / count
+
+    def reference_loss(trained):
+        logits = trained["scale"] * reference + model_logits(base, trained["model"], tokens)
+        log_probs = jax.nn.log_softmax(logits[:, config.context - 1:-1], axis=-1)
+        return -jnp.take_along_axis(log_probs, tokens[:, config.context:, None], axis=-1).mean()
+
+    trained = {"model": params["model"], "scale": params["scale"]}
+    (got, got_grads), (want, want_grads) = (jax.value_and_grad(f)(trained) for f in (loss, reference_loss))
+    assert abs(float(got) - float(want)) < 1e-5
+    for g, w in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=1e-5)
+
+
 @pytest.mark.slow
 def test_no_gradient_reaches_the_frozen_explicit_tables(tiny_workdir, exact_model, tmp_path):
     V = tiny_workdir.vocab_size

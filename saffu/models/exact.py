@@ -26,6 +26,12 @@ parameters (a pytree of arrays, :func:`saffu.solve.exact.solve_exact`)::
                  "shift": float32[V] (optional)}, …]}
 
 (row ``C`` of every per-context array, and dense row ``D``, is the "unseen context" sentinel).
+The lookup also takes the tables compacted (:func:`compact_tables`, what the residual holds): each
+group's padded ``ell_col``/``ell_val`` replaced by its seen entries alone, in context order —
+``"sparse_start": int32[C + 2]`` (context ``c``'s entries are ``sparse_start[c] …
+sparse_start[c + 1] − 1``), ``"sparse_col": int32[E + 1]``, ``"sparse_val": float32[E + 1]``
+(entry ``E`` the padding ``(V, 0)``) and ``"sparse_slots": int32[k]`` (``0 … k − 1``, the padded
+width) — the same values, about a tenth of the bytes.
 A group with a ``"shift"`` (a Kneser-Ney chain's root, smoothed towards the continuation
 unigram rather than ``p``) adds it to the row of every context but the sentinel: one ``V``-vector
 for the group, so no group ever stores ``V × V`` (runs solved before it was introduced stored the
@@ -38,6 +44,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from saffu.configs import ExactConfig, Params
 from saffu.data.tokenizer import EOD_ID, PAD_ID
@@ -86,18 +93,40 @@ def context_ids(group: Params, context: jax.Array, vocab_size: int) -> jax.Array
     return ids
 
 
+def group_ids(params: Params, config: ExactConfig, tokens: jax.Array) -> tuple[list[jax.Array], list[jax.Array]]:
+    """Every group's context id and count bucket (its own context's, or group
+    ``config.bucket_by``'s) at every position of ``tokens int32[B, S]``: two lists of ``G``
+    ``int32[B·S]`` arrays."""
+    B, S = tokens.shape
+    context = document_contexts(tokens, config.context).reshape(B * S, config.context)
+    ids = [context_ids(group, context[:, list(offsets)], config.vocab_size)
+           for offsets, group in zip(config.groups, params["groups"])]
+    if config.bucket_by is not None:
+        shared = params["groups"][config.bucket_by]["bucket"][ids[config.bucket_by]]
+        return ids, [shared] * len(ids)
+    return ids, [group["bucket"][group_ids] for group, group_ids in zip(params["groups"], ids)]
+
+
 def group_rows(params: Params, config: ExactConfig, tokens: jax.Array):
     """Per group, for every position of ``tokens int32[B, S]``: its ``V``-wide row
     ``L_g[c_g, :]`` and its count bucket (its own context's, or group ``config.bucket_by``'s).
     Yields ``(float32[B·S, V], int32[B·S])`` pairs, one group at a time (so at most one extra
     ``[B·S, V]`` array is live per group)."""
-    B, S = tokens.shape
-    V = config.vocab_size
-    context = document_contexts(tokens, config.context).reshape(B * S, config.context)
-    ids = [context_ids(group, context[:, list(offsets)], V) for offsets, group in zip(config.groups, params["groups"])]
-    shared = None if config.bucket_by is None else params["groups"][config.bucket_by]["bucket"][ids[config.bucket_by]]
-    for group, group_ids in zip(params["groups"], ids):
-        yield table_rows(group, group_ids), group["bucket"][group_ids] if shared is None else shared
+    ids, buckets = group_ids(params, config, tokens)
+    for group, group_ids_, bucket in zip(params["groups"], ids, buckets):
+        yield table_rows(group, group_ids_), bucket
+
+
+def sparse_entries(group: Params, ids: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The seen entries of one group's contexts ``int32[N]``, padded to the group's width ``k``:
+    ``(columns int32[N, k], values float32[N, k])``, padding column ``V`` (value 0). Either
+    layout: the padded ``ell_col``/``ell_val`` or the compact ``sparse_*`` arrays."""
+    if "ell_col" in group:
+        return group["ell_col"][ids], group["ell_val"][ids]
+    start, end = group["sparse_start"][ids], group["sparse_start"][ids + 1]
+    entry = start[:, None] + group["sparse_slots"][None, :]
+    entry = jnp.where(entry < end[:, None], entry, group["sparse_col"].shape[0] - 1)     # the padding entry
+    return group["sparse_col"][entry], group["sparse_val"][entry]
 
 
 def table_rows(group: Params, ids: jax.Array) -> jax.Array:
@@ -107,13 +136,58 @@ def table_rows(group: Params, ids: jax.Array) -> jax.Array:
     if "shift" in group:                  # every context but the "never counted" sentinel
         counted = ids < group["const"].shape[0] - 1
         row = row + jnp.where(counted[:, None], group["shift"], 0.0)
-    return row.at[jnp.arange(ids.shape[0])[:, None], group["ell_col"][ids]].add(group["ell_val"][ids], mode="drop")
+    columns, values = sparse_entries(group, ids)
+    return row.at[jnp.arange(ids.shape[0])[:, None], columns].add(values, mode="drop")
 
 
 def exact_logits(params: Params, config: ExactConfig, tokens: jax.Array) -> jax.Array:
-    """Next-token logits at every position: ``tokens int32[B, S]`` -> ``float32[B, S, V]``."""
+    """Next-token logits at every position: ``tokens int32[B, S]`` -> ``float32[B, S, V]``.
+
+    ``log p + Σ_g β_g · L_g`` built in one ``[B·S, V]`` buffer: the per-position scalars (each
+    group's ``β_g · const_g``) and ``V``-vectors (Kneser-Ney shifts, dense rows of frequent
+    contexts) in one elementwise pass, then every group's seen entries (scaled by ``β_g``) in one
+    scatter-add — no per-group ``V``-wide row is ever materialised."""
     B, S = tokens.shape
-    logits = jnp.broadcast_to(params["log_prior"], (B * S, config.vocab_size))
-    for g, (row, bucket) in enumerate(group_rows(params, config, tokens)):
-        logits = logits + params["beta"][g, bucket][:, None] * row
-    return logits.reshape(B, S, config.vocab_size)
+    V = config.vocab_size
+    ids, buckets = group_ids(params, config, tokens)
+    offset = jnp.zeros(B * S, jnp.float32)
+    logits = params["log_prior"][None, :]
+    columns, values = [], []
+    for g, (group, group_ids_, bucket) in enumerate(zip(params["groups"], ids, buckets)):
+        weight = params["beta"][g, bucket]                                    # float32[B·S]
+        offset = offset + weight * group["const"][group_ids_]
+        if "shift" in group:              # every context but the "never counted" sentinel
+            counted = group_ids_ < group["const"].shape[0] - 1
+            logits = logits + jnp.where(counted, weight, 0.0)[:, None] * group["shift"][None, :]
+        logits = logits + weight[:, None] * group["dense_rows"][group["dense_index"][group_ids_]]
+        group_columns, group_values = sparse_entries(group, group_ids_)
+        columns.append(group_columns)
+        values.append(weight[:, None] * group_values)
+    logits = logits + offset[:, None]
+    rows = jnp.arange(B * S)[:, None]
+    logits = logits.at[rows, jnp.concatenate(columns, axis=1)].add(jnp.concatenate(values, axis=1), mode="drop")
+    return logits.reshape(B, S, V)
+
+
+def compact_tables(params: Params) -> Params:
+    """The exact model's tables with every group's padded sparse rows (``ell_col``, ``ell_val``:
+    ``[C + 1, k]``) replaced by their seen entries alone (``sparse_start``, ``sparse_col``,
+    ``sparse_val``, ``sparse_slots``; see the module docstring): the same logits, a fraction of
+    the memory. Tables already compact are returned as they are; the other arrays are shared."""
+    vocab_size = params["log_prior"].shape[0]
+    groups = []
+    for group in params["groups"]:
+        if "ell_col" not in group:
+            groups.append(group)
+            continue
+        group = dict(group)
+        columns, values = np.asarray(group.pop("ell_col")), np.asarray(group.pop("ell_val"))
+        seen = columns < vocab_size
+        start = np.zeros(columns.shape[0] + 1, np.int64)
+        np.cumsum(seen.sum(axis=1), out=start[1:])
+        group["sparse_start"] = jnp.asarray(start.astype(np.int32))
+        group["sparse_col"] = jnp.asarray(np.append(columns[seen], vocab_size).astype(np.int32))
+        group["sparse_val"] = jnp.asarray(np.append(values[seen], 0.0).astype(np.float32))
+        group["sparse_slots"] = jnp.arange(columns.shape[1], dtype=jnp.int32)
+        groups.append(group)
+    return {**params, "groups": groups}

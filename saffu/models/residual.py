@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from saffu.configs import Params, ResidualConfig
+from saffu.models.exact import compact_tables
 from saffu.models.interface import model_init, model_logits
 
 
@@ -79,8 +80,10 @@ def with_explicit(params: Params, explicit: Params, folds: list[Params] | None =
     """``params`` (:func:`residual_init` or a checkpoint of it) with the explicit model's
     tables (:func:`saffu.solve.exact.solve_exact`, or ``load_explicit`` of its run) added, and
     for training a cross-fitted residual each fold's tables (the exact model solved without
-    that fold, in fold order)."""
-    return {**params, "explicit": explicit, **({"folds": list(folds)} if folds is not None else {})}
+    that fold, in fold order). The tables are held compacted
+    (:func:`saffu.models.exact.compact_tables`: the same logits in a fraction of the memory)."""
+    return {**params, "explicit": compact_tables(explicit),
+            **({"folds": [compact_tables(tables) for tables in folds]} if folds is not None else {})}
 
 
 def explicit_log_probs(params: Params, config: ResidualConfig, tokens: jax.Array) -> jax.Array:
