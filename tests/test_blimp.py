@@ -48,16 +48,37 @@ MODELS = {
 @pytest.mark.parametrize("model", MODELS)
 def test_sentence_scores_match_a_direct_forward(tiny_workdir, model, pack, monkeypatch):
     config = MODELS[model](tiny_workdir.vocab_size)
-    if pack and not document_local(config):
-        pytest.skip("a transformer's absolute positions change when sentences are packed")
     params = init_params(config, jax.random.key(0), scale=0.5) if config.kind == "saffu" \
         else model_init(config, jax.random.key(0))
     tokenizer = tiny_workdir.tokenizer()
     monkeypatch.setattr(saffu.eval.blimp, "PACKED_ROW", 16)         # several rows, one longer sentence
+    monkeypatch.setattr(saffu.eval.blimp, "POSITIONED_ROW", 16)     # (the transformer's packed rows)
     got = sentence_log_probs(params, config, tokenizer, SENTENCES, batch_size=2, progress=False, pack=pack)
     np.testing.assert_allclose(got, _direct_scores(params, config, tokenizer, SENTENCES), rtol=1e-5)
     assert got[3] == 0.0                                       # the empty sentence
     assert got[1] == got[5] and got[0] == got[7]               # equal sentences, equal scores
+
+
+@pytest.mark.parametrize("pack", [None, False], ids=["default", "padded"])
+@pytest.mark.parametrize("model", ["exact", "residual"])
+def test_exact_and_residual_sentence_scores_match_a_direct_forward(tiny_workdir, model, pack):
+    """The exact model (packed: it reads only a document's own tokens) and a residual over a
+    transformer (packed with positions) score each sentence as alone."""
+    from saffu.configs import ExactConfig, ResidualConfig
+    from saffu.models.residual import with_explicit
+    from saffu.solve.exact import solve_exact
+    V = tiny_workdir.vocab_size
+    exact_config = ExactConfig(V, groups=((0,), (1,), (0, 1)), buckets=(3,), holdout_tokens=200)
+    exact, _ = solve_exact(tiny_workdir, exact_config, progress=False)
+    config, params = exact_config, exact
+    assert document_local(exact_config)
+    if model == "residual":
+        base = TransformerConfig(vocab_size=V, width=16, layers=2, heads=2, context_tokens=4, max_len=64)
+        config = ResidualConfig(base, exact_config, "unused")
+        params = with_explicit({"model": model_init(base, jax.random.key(1)), "scale": jnp.float32(0.6)}, exact)
+    tokenizer = tiny_workdir.tokenizer()
+    got = sentence_log_probs(params, config, tokenizer, SENTENCES, batch_size=2, progress=False, pack=pack)
+    np.testing.assert_allclose(got, _direct_scores(params, config, tokenizer, SENTENCES), rtol=1e-5)
 
 
 def test_packed_and_padded_layouts_agree_with_default_batches(tiny_workdir):

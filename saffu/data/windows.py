@@ -43,31 +43,71 @@ def stack_windows(stream: np.ndarray, starts, ends, context: int, seq_len: int,
     return windows, mask
 
 
+#: Fewest targets of a tight window (:func:`window_plan`).
+MIN_TIGHT = 16
+#: Target slots a narrower tight width must save to earn its own shape (its compilation costs
+#: about as much as scoring this many positions of a small model on CPU).
+TIGHT_SAVING = 8192
+
+
+def window_plan(ranges: list[tuple[int, int]], seq_len: int, batch_size: int,
+                tight: bool = False) -> list[tuple[int, list[tuple[int, int]]]]:
+    """The batches covering the targets of every ``[begin, end)`` of ``ranges`` once (no window
+    crosses a range's end): ``[(targets per window T', [(first target, end), …]), …]``, each
+    batch at most ``batch_size`` windows of one ``T'``.
+
+    Without ``tight`` every window has ``T' = seq_len`` (in order). With it, the last window of
+    a range holding ``n < seq_len`` targets has the least power of two ``≥ max(n, MIN_TIGHT)``
+    instead, so a sample of many short ranges scores little padding; a width whose windows
+    would save fewer than ``TIGHT_SAVING`` target slots against the next wider one is merged
+    into it (few shapes, few compilations: the whole split keeps one). A window keeps its start
+    and context, and a causal model's outputs at its targets do not depend on positions after
+    them, so the scores are unchanged."""
+    windows = [(s, end) for begin, end in ranges for s in range(begin, end, seq_len)]
+    widths = [seq_len] * len(windows)
+    if tight:
+        for i, (s, end) in enumerate(windows):
+            n = min(end - s, seq_len)
+            widths[i] = min(seq_len, 1 << max(int(np.ceil(np.log2(max(n, 1)))), int(np.log2(MIN_TIGHT))))
+        sizes = sorted(set(widths))
+        for small, larger in zip(sizes, sizes[1:]):            # saves too little for a shape: into the next width
+            members = [i for i, w in enumerate(widths) if w == small]
+            if len(members) * (larger - small) < TIGHT_SAVING:
+                for i in members:
+                    widths[i] = larger
+    plan = []
+    for width in sorted(set(widths), reverse=True):
+        members = [window for window, w in zip(windows, widths) if w == width]
+        plan += [(width, members[i:i + batch_size]) for i in range(0, len(members), batch_size)]
+    return plan
+
+
 def range_windows(stream: np.ndarray, ranges: list[tuple[int, int]], context: int, seq_len: int,
-                  batch_size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Batches ``(int32[B, R + T], bool[B, T])`` covering the targets of every ``[begin, end)``
-    of ``ranges`` once, in order (no window crosses a range's end); the last batch is padded
-    with fully masked rows."""
-    starts = [(s, end) for begin, end in ranges for s in range(begin, end, seq_len)]
-    for i in range(0, len(starts), batch_size):
-        batch = starts[i:i + batch_size]
-        yield stack_windows(stream, [s for s, _ in batch], [e for _, e in batch], context, seq_len, batch_size)
+                  batch_size: int, tight: bool = False) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Batches ``(int32[B, R + T'], bool[B, T'])`` covering the targets of every ``[begin, end)``
+    of ``ranges`` once, in order (no window crosses a range's end); the last batch of a shape
+    is padded with fully masked rows. ``T' = seq_len``, or with ``tight`` fewer for the last
+    window of a short range (:func:`window_plan`)."""
+    for width, batch in window_plan(ranges, seq_len, batch_size, tight):
+        yield stack_windows(stream, [s for s, _ in batch], [e for _, e in batch], context, width, batch_size)
 
 
 def total_nll(loss_fn: Callable, stream: np.ndarray, ranges: list[tuple[int, int]], context: int,
-              seq_len: int = EVAL_SEQ_LEN, batch_size: int = 16, progress: str | None = None) -> tuple[float, int]:
-    """Sum a jitted ``loss_fn(windows, mask) -> (nll_sum, count)`` over the targets of every
-    ``[begin, end)`` of ``ranges``.
+              seq_len: int = EVAL_SEQ_LEN, batch_size: int = 16, progress: str | None = None,
+              tight: bool = True) -> tuple[float, int]:
+    """Sum a jitted ``loss_fn(windows int32[B, R + T'], mask bool[B, T']) -> (nll_sum, count)``
+    over the targets of every ``[begin, end)`` of ``ranges``, in the batches of
+    :func:`window_plan` (``tight``: a short range's last window shortened; ``loss_fn`` must
+    take any ``T' ≤ seq_len``).
 
     Returns ``(total NLL in nats, number of targets)``; sums are float64 on the host. The
     result of a batch is read back only after the next batch is dispatched, so the host
     prepares windows while the device computes.
     """
     total, count = 0.0, 0
-    num_windows = sum(-(-(end - begin) // seq_len) for begin, end in ranges)   # ceiling divisions
-    num_batches = -(-num_windows // batch_size)
+    num_batches = len(window_plan(ranges, seq_len, batch_size, tight))
     pending = None
-    for windows, mask in tqdm(range_windows(stream, ranges, context, seq_len, batch_size),
+    for windows, mask in tqdm(range_windows(stream, ranges, context, seq_len, batch_size, tight),
                               total=num_batches, desc=progress, disable=progress is None, leave=False):
         result = loss_fn(jnp.asarray(windows), jnp.asarray(mask))
         if pending is not None:

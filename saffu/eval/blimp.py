@@ -6,11 +6,16 @@ its tokens' log-probabilities (the closing ``<eod>`` is not scored). Works on an
 the 67 paradigm files (``*.jsonl`` with ``sentence_good``, ``sentence_bad``, ``field``,
 ``UID``); reports accuracy overall, per field and per paradigm.
 
-Scoring is batched so it costs about what a dev evaluation of as many tokens does: every
-sentence of a set is encoded once, and calls of one fixed size (about ``CALL_POSITIONS``
-positions, parameters as jit arguments) read either rows packed with many sentences (a
-SAFFU stack, see :func:`document_local`) or one sentence per row in a few length buckets
-(the transformer); a progress bar counts those calls, with an estimate of the time left.
+Scoring is batched so it costs about what a forward pass over the sentences' own tokens does:
+every sentence of a set is encoded once, and calls of one fixed size (parameters as jit
+arguments) read rows packed with many sentences, ``<eod> s₁ <eod> s₂ …``: behind ``context``
+tokens of ``<pad>`` for a model that reads only a document's own tokens (:func:`document_local`),
+or with no context at all and each token's absolute position given for the transformer (and a
+residual over one, :func:`saffu.models.interface.positional`), so no row is padded to a bucket
+and no ``<pad>`` context is computed. Any other model reads one sentence per row in a few
+length buckets. A progress bar counts the calls, with an estimate of the time left. The
+log-probabilities are :func:`saffu.models.interface.target_nll`'s (no ``V``-wide log-softmax,
+no output layer at context positions).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from tqdm.auto import tqdm
 from saffu._io import SaffuError
 from saffu.configs import EVAL_SEQ_LEN
 from saffu.data.tokenizer import EOD_ID, PAD_ID
-from saffu.models.interface import window_nll
+from saffu.models.interface import positional, target_nll
 from saffu.models.saffu import Params, SaffuConfig
 
 
@@ -69,12 +74,19 @@ def load_blimp(directory: str | Path) -> list[Pair]:
 
 #: Target slots per row of packed sentences (more when a sentence is longer).
 PACKED_ROW = EVAL_SEQ_LEN
-#: Token positions per call, ``rows × (context + targets)``: as a dev evaluation call of the
-#: default SAFFU (``16 × (8 + 256)``), so both cost the same per position and memory.
-CALL_POSITIONS = 16 * (SaffuConfig.radius + EVAL_SEQ_LEN)
+#: Token positions per call, ``rows × (context + targets)``: four rows of the default SAFFU
+#: (``4 × (8 + 256)``); on CPU calls of a few thousand positions or fewer run faster per token
+#: than larger ones (activations and logits stay in cache; ``experiments/bench_scoring.py``).
+CALL_POSITIONS = 4 * (SaffuConfig.radius + EVAL_SEQ_LEN)
+#: Token positions per call of rows packed with their absolute positions (the transformer).
+POSITIONED_CALL = 512
+#: Columns per row packed with positions (``<eod>`` and targets): attention costs a row's
+#: width per position, so short rows, yet long enough that a row wastes little at its end.
+POSITIONED_ROW = 64
 
-#: Per-target NLL of windows, with the parameters as arguments and the config static.
-_window_nll = jax.jit(window_nll, static_argnums=1)
+#: Per-target NLL of windows, with the parameters as arguments and the config and the number
+#: of context tokens static.
+_target_nll = jax.jit(target_nll, static_argnums=(1, 4))
 
 
 def document_local(config) -> bool:
@@ -83,8 +95,9 @@ def document_local(config) -> bool:
     SAFFU stack (every row outside the document, or before the window, is the boundary code),
     not of the transformer (learned absolute positions). Such a model can score many
     sentences packed into one row, ``<eod> s₁ <eod> s₂ …``, each with the same inputs as
-    alone (equal up to float rounding)."""
-    return getattr(config, "kind", None) == "saffu"
+    alone (equal up to float rounding). The exact model, and a residual over a SAFFU stack, are too."""
+    kind = getattr(config, "kind", None)
+    return kind in ("saffu", "exact") or (kind == "residual" and document_local(config.base))
 
 
 def _packed_rows(lengths: np.ndarray, width: int) -> list[list[int]]:
@@ -109,6 +122,18 @@ def _length_buckets(lengths: np.ndarray) -> list[tuple[int, list[int]]]:
     return [(int(w), [int(i) for i in np.flatnonzero(width == w)]) for w in np.unique(width)]
 
 
+def _layout(config, pack: bool | None) -> str:
+    """How :func:`sentence_log_probs` lays sentences out: ``"local"`` (packed behind ``context``
+    pads), ``"positioned"`` (packed, positions given) or ``"rows"`` (one per row, bucketed)."""
+    if pack is False:
+        return "rows"
+    if document_local(config):
+        return "local"
+    if positional(config):
+        return "positioned"
+    return "local" if pack else "rows"
+
+
 def sentence_log_probs(params: Params, config: SaffuConfig, tokenizer, sentences: list[str],
                        batch_size: int | None = None, progress: bool = True,
                        pack: bool | None = None) -> np.ndarray:
@@ -116,26 +141,40 @@ def sentence_log_probs(params: Params, config: SaffuConfig, tokenizer, sentences
     an ``<eod>``, the sum of its tokens' log-probabilities (the closing ``<eod>`` unscored;
     an empty sentence scores 0).
 
-    Sentences are batched by length. A :func:`document_local` model (``pack=None`` decides)
-    reads rows of ``PACKED_ROW`` targets holding many sentences, ``<eod> s₁ <eod> s₂ …``; any
-    other model reads one sentence per row, its ``<eod>`` last of the ``context`` tokens (as
-    at a document start), rows grouped in power-of-two length buckets. A window always starts
-    with ``context`` tokens ``<pad> … <pad> <eod>``, so both layouts give each sentence the
-    same inputs. ``batch_size`` rows per call (default: about ``CALL_POSITIONS`` positions);
-    the progress bar counts calls. Per-token NLLs are float32; each sentence's sum is float64,
-    in token order, on the host.
+    Sentences are batched by length, longest first. By default (``pack=None``; ``True`` packs
+    too) a :func:`document_local` model reads rows of ``PACKED_ROW`` targets holding many
+    sentences, ``<eod> s₁ <eod> s₂ …``, behind ``context`` tokens of ``<pad>``; a
+    :func:`~saffu.models.interface.positional` one (the transformer) reads rows of
+    ``POSITIONED_ROW`` columns packed the same way with no context, each token given the
+    absolute position it has alone (its sentence's ``<eod>`` at ``context − 1``), attention
+    stopping at every ``<eod>``. Any other model (or ``pack=False``) reads one sentence per
+    row, its ``<eod>`` last of the ``context`` tokens (as at a document start), rows grouped in
+    power-of-two length buckets. Every layout gives each sentence the inputs it has alone after
+    ``<pad> … <pad> <eod>``. ``batch_size`` rows per call (default: about ``CALL_POSITIONS``
+    positions, ``POSITIONED_CALL`` for positioned rows); the progress bar counts calls.
+    Per-token NLLs are float32; each sentence's sum is float64, in token order, on the host.
     """
     encoded = [enc.ids for enc in tokenizer.encode_batch(list(sentences), add_special_tokens=False)]
     lengths = np.asarray([len(ids) for ids in encoded], np.int64)
     R = config.context
-    if document_local(config) if pack is None else pack:
-        width = max(PACKED_ROW, 1 << int(np.ceil(np.log2(int(lengths.max(initial=0)) + 1))))
+    layout = _layout(config, pack)
+    context, call_positions = (1, POSITIONED_CALL) if layout == "positioned" else (R, CALL_POSITIONS)
+    longest = int(lengths.max(initial=0))
+    if layout == "positioned":
+        max_len = config.max_len if config.kind == "transformer" else config.base.max_len
+        if R + longest > max_len:
+            raise SaffuError(f"a sentence of {longest} tokens after {R} of context is longer than the "
+                             f"transformer's max_len {max_len}")
+        width = max(POSITIONED_ROW, 1 << int(np.ceil(np.log2(longest + 2)))) - 1
+        groups = [(width, _packed_rows(lengths, width))]
+    elif layout == "local":
+        width = max(PACKED_ROW, 1 << int(np.ceil(np.log2(longest + 1))))
         groups = [(width, _packed_rows(lengths, width))]
     else:
         groups = [(width, [[i] for i in members]) for width, members in _length_buckets(lengths)]
     calls = []                                                     # (targets per row, rows, rows per call)
     for width, rows in groups:
-        per_call = batch_size or max(1, CALL_POSITIONS // (R + width))
+        per_call = batch_size or max(1, call_positions // (context + width))
         calls += [(width, rows[start:start + per_call], per_call) for start in range(0, len(rows), per_call)]
     total = np.zeros(len(encoded))
     pending = None
@@ -147,20 +186,23 @@ def sentence_log_probs(params: Params, config: SaffuConfig, tokenizer, sentences
 
     # calls of one shape cost the same, so the bar counts them (a steady estimate of the time left)
     for width, batch, per_call in tqdm(calls, desc="blimp", unit="batch", disable=not progress, leave=False):
-        windows = np.full((per_call, R + width), PAD_ID, np.int32)
-        windows[:, R - 1] = EOD_ID
+        windows = np.full((per_call, context + width), PAD_ID, np.int32)
+        windows[:, context - 1] = EOD_ID
+        positions = np.zeros((per_call, context + width), np.int32)
         owner = np.full((per_call, width), -1, np.int64)          # sentence of every target slot
         for r, row in enumerate(batch):
             at = 0
             for i in row:
                 ids, n = encoded[i], len(encoded[i])
-                windows[r, R + at:R + at + n] = ids
+                windows[r, context + at:context + at + n] = ids
+                positions[r, context - 1 + at:context + at + n] = np.arange(R - 1, R + n)
                 owner[r, at:at + n] = i
                 at += n
                 if at < width:
-                    windows[r, R + at] = EOD_ID                    # closes it, opens the next
+                    windows[r, context + at] = EOD_ID              # closes it, opens the next
                 at += 1
-        result = _window_nll(params, config, jnp.asarray(windows), jnp.asarray(owner >= 0))
+        result = _target_nll(params, config, jnp.asarray(windows), jnp.asarray(owner >= 0), context,
+                             jnp.asarray(positions) if layout == "positioned" else None)
         if pending is not None:                                    # read back while this one runs
             add(*pending)
         pending = (result, owner)

@@ -18,18 +18,19 @@ from saffu.data.tokenizer import EOD_ID, PAD_ID, decode
 from saffu.data.windows import total_nll
 from saffu.data.workdir import WorkDir
 from saffu.eval.metrics import split_metrics
-from saffu.models.interface import model_logits, window_loss
+from saffu.models.interface import model_logits, target_loss
 from saffu.models.saffu import Params, SaffuConfig
 
-#: Windows per evaluation call: ``16 × (context + eval_seq_len)`` positions, whose float32
-#: logits (``× V``, twice with the log-softmax) stay a few hundred MB at ``V = 8192``; larger
-#: calls were no faster on CPU (the output-layer matmul dominates, see ``evaluate_split``).
-EVAL_BATCH = 16
+#: Windows per evaluation call: ``2 × (context + eval_seq_len)`` positions, whose float32
+#: logits (``× V``) stay near 16 MB at ``V = 8192``; on CPU smaller calls run faster per token
+#: than 16 windows (activations and logits stay in cache; ``experiments/bench_scoring.py``).
+EVAL_BATCH = 2
 
-#: The loss of a batch of windows with the parameters as arguments (not compile-time
-#: constants) and the model config static: one compilation per config and window shape,
-#: shared by every evaluation of the process.
-_window_loss = jax.jit(window_loss, static_argnums=1)
+#: The loss of a batch of windows (:func:`saffu.models.interface.target_loss`: logits at the
+#: predicting positions only, ``logsumexp − logit`` without a log-softmax array) with the
+#: parameters as arguments (not compile-time constants) and the model config static: one
+#: compilation per config and window shape, shared by every evaluation of the process.
+_window_loss = jax.jit(target_loss, static_argnums=1)
 
 
 def evaluate_split(params: Params, config: SaffuConfig, workdir: WorkDir, split: str,
@@ -46,10 +47,12 @@ def evaluate_split(params: Params, config: SaffuConfig, workdir: WorkDir, split:
     ``"{split}_"``.
 
     The cost is the model's forward pass over ``batch_size`` windows of ``config.context +
-    config.eval_seq_len`` tokens per call; for a SAFFU stack on CPU nearly all of it is the
-    ``V``-wide output matmul. A document's scores do not depend on what precedes it (SAFFU
-    windows and the transformer's attention stop at ``<eod>``), so a sample scores each
-    document exactly as the whole split does.
+    config.eval_seq_len`` tokens per call (a short range's last window shortened when that
+    saves enough, :func:`saffu.data.windows.window_plan`), with the output layer at predicting
+    positions only and no log-softmax array (:func:`saffu.models.interface.target_loss`); for a
+    SAFFU stack on CPU nearly all of it is the ``V``-wide output matmul. A document's scores do
+    not depend on what precedes it (SAFFU windows and the transformer's attention stop at
+    ``<eod>``), so a sample scores each document exactly as the whole split does.
     """
     if max_tokens is not None and max_tokens < 0:
         raise SaffuError(f"--eval-tokens must be ≥ 0 (0: whole splits), got {max_tokens}")

@@ -34,6 +34,7 @@ import numpy as np
 
 from saffu._io import SaffuError
 from saffu.configs import BigramConfig, ExactConfig, FactorisedConfig, Params, ResidualConfig, SaffuConfig, TransformerConfig
+from saffu.data.tokenizer import PAD_ID
 from saffu.models import bigram, exact, factorised, transformer
 from saffu.models import saffu as saffu_model
 
@@ -115,7 +116,9 @@ def config_from_dict(fields: dict):
 def window_nll(params: Params, config, windows: jax.Array, mask: jax.Array) -> jax.Array:
     """Per-target NLL (nats) ``float32[B, T]`` of ``windows int32[B, R + T]`` whose first
     ``R = config.context`` tokens are context only; zero where ``mask bool[B, T]`` is False.
-    ``config`` is any model config (see the module docstring)."""
+    ``config`` is any model config (see the module docstring). The reference formula (the
+    whole window's logits, a ``V``-wide log-softmax, a gather), differentiated in training;
+    scoring calls :func:`target_nll`, which gives the same values at a forward pass's cost."""
     context = config.context
     logits = model_logits(config, params, windows)[:, context - 1:-1]
     targets = windows[:, context:]
@@ -126,6 +129,102 @@ def window_nll(params: Params, config, windows: jax.Array, mask: jax.Array) -> j
 def window_loss(params: Params, config, windows: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Summed NLL (nats) and target count of :func:`window_nll`'s windows."""
     return jnp.sum(window_nll(params, config, windows, mask)), jnp.sum(mask)
+
+
+def positional(config) -> bool:
+    """Whether the model reads absolute positions that :func:`target_logits` can be given (the
+    transformer, or a residual over one): its predictions change when a document moves inside
+    the window unless each token's ``positions`` are passed. False for every other kind (a model
+    that brings its own logits included: it takes no positions)."""
+    kind = _kind(config)
+    return kind == "transformer" or (kind == "residual" and positional(config.base))
+
+
+def _transformer_target_logits(params: Params, config, tokens: jax.Array, context: int,
+                               positions: jax.Array | None) -> jax.Array:
+    """The transformer's logits at the ``T = S − context`` positions that predict ``tokens[:,
+    context:]`` only: ``tokens int32[B, S]`` -> ``float32[B, T, V]``. The blocks run over every
+    position (as :func:`saffu.models.transformer.transformer_logits`), the ``V``-wide output layer
+    over the predicting ones; ``positions int32[B, S]`` (``None``: ``0 … S − 1``) index the learned
+    position embeddings, so sentences packed into a row read the positions they would alone."""
+    from saffu.models.transformer import _module, document_causal_mask
+    alpha = None
+    if "guide_alpha" in params:                    # the dense guide's weight (self-guided training)
+        params = dict(params)
+        alpha = params.pop("guide_alpha")
+    model = _module(params, config)
+    length = tokens.shape[1]
+    if positions is None and length > config.max_len:
+        raise SaffuError(f"window of {length} tokens is longer than the transformer's max_len {config.max_len}")
+    table = model.positions[...]
+    embedded = jnp.take(model.embed.embedding[...], tokens, axis=0)       # (the table's own dtype)
+    x = embedded + (table[None, :length] if positions is None else table[positions])
+    mask = document_causal_mask(tokens)
+    for block in model.blocks:
+        x = block(x, mask, False, alpha)
+    return model.output(model.final_norm(x[:, context - 1:-1]))
+
+
+def _local_target_logits(params: Params, config, tokens: jax.Array, context: int) -> jax.Array:
+    """The logits predicting ``tokens[:, context:]`` of a model whose prediction at ``p`` reads
+    only ``tokens[p − config.context + 1 … p]`` inside its document (the exact model): run on
+    that slice of the window alone (``<pad>`` on the left where the window holds fewer tokens of
+    context), so no position before the targets is computed: ``float32[B, S − context, V]``."""
+    radius = config.context
+    head = tokens[:, max(context - radius, 0):-1]
+    if radius > context:
+        head = jnp.pad(head, ((0, 0), (radius - context, 0)), constant_values=PAD_ID)
+    return model_logits(config, params, head)[:, radius - 1:]
+
+
+def target_logits(params: Params, config, windows: jax.Array, context: int | None = None,
+                  positions: jax.Array | None = None) -> jax.Array:
+    """Logits predicting ``windows[:, context:]`` (``context`` defaults to ``config.context``):
+    ``windows int32[B, context + T]`` -> ``float32[B, T, V]``, equal to ``model_logits(...)[:,
+    context - 1:-1]`` (a residual's up to a constant per position: its explicit part's
+    log-softmax is left out, the log-probabilities are the same) but computing as little of the
+    context positions as the kind allows (the transformer's output layer and the exact model's
+    lookups run at predicting positions only).
+    ``positions int32[B, context + T]``: each token's absolute position for a :func:`positional`
+    model (``None``: ``0 …``); ignored by the others, which read only a document's own tokens."""
+    context = config.context if context is None else context
+    kind = _kind(config)
+    if kind == "transformer":
+        return _transformer_target_logits(params, config, windows, context, positions)
+    if kind == "exact":
+        return _local_target_logits(params, config, windows, context)
+    if kind == "residual" and "fold" not in params:
+        from saffu.models.residual import base_params
+        trained = target_logits(base_params(params, config), config.base, windows, context, positions)
+        if "scale" not in params:
+            return trained
+        # λ · e + f: the explicit part's log-softmax shifts each position's logits by a constant,
+        # which the NLL's own normalisation cancels (log-probabilities are unchanged)
+        frozen = jax.tree.map(jax.lax.stop_gradient, params["explicit"])
+        explicit = _local_target_logits(frozen, config.explicit, windows, context).astype(jnp.float32)
+        return params["scale"].astype(jnp.float32) * explicit + trained.astype(jnp.float32)
+    if positions is not None and kind == "external":
+        raise SaffuError("a model that brings its own logits cannot be given token positions")
+    return model_logits(config, params, windows)[:, context - 1:-1]
+
+
+def target_nll(params: Params, config, windows: jax.Array, mask: jax.Array, context: int | None = None,
+               positions: jax.Array | None = None) -> jax.Array:
+    """:func:`window_nll` at a forward pass's cost: per-target NLL (nats) ``float32[B, T]`` of
+    ``windows int32[B, context + T]`` (zero where ``mask bool[B, T]`` is False), as
+    ``logsumexp(logits) − logits[target]`` over :func:`target_logits` (no ``V``-wide
+    log-softmax array). ``context`` and ``positions`` as in :func:`target_logits`; by default
+    the values equal :func:`window_nll`'s up to float32 rounding."""
+    context = config.context if context is None else context
+    logits = target_logits(params, config, windows, context, positions).astype(jnp.float32)
+    picked = jnp.take_along_axis(logits, windows[:, context:, None], axis=-1)[..., 0]
+    return (jax.nn.logsumexp(logits, axis=-1) - picked) * mask
+
+
+def target_loss(params: Params, config, windows: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Summed NLL (nats, ``float32[]``) and target count (``int32[]``) of :func:`target_nll`'s
+    windows ``int32[B, R + T]`` with ``mask bool[B, T]``: :func:`window_loss`'s values, for scoring."""
+    return jnp.sum(target_nll(params, config, windows, mask)), jnp.sum(mask)
 
 
 def parameter_count(params: Params) -> int:

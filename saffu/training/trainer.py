@@ -36,7 +36,7 @@ from saffu.data.folds import fold_window_starts
 from saffu.data.windows import evenly_spaced_windows, shuffled_window_starts, stack_windows
 from saffu.engine import accounting
 from saffu.engine.distributed import local_mesh
-from saffu.models.interface import Params, window_loss
+from saffu.models.interface import Params, target_loss, window_loss
 from saffu.training.checkpoints import (
     checkpoint_manager,
     remove_failed_save,
@@ -225,18 +225,24 @@ def make_train_step(model: Model, optimizer: optax.GradientTransformation, confi
 
 
 class DevLoss:
-    """Mean NLL (nats/token) of ``count`` evenly spaced dev windows, ``batch_size`` windows per
-    call (the logits of all of them at once would dominate peak memory: 256 × 256 × V floats);
-    the parameters are a jit argument, so one compilation serves every evaluation."""
+    """Mean NLL (nats/token) of ``count`` evenly spaced dev windows ``int32[count, R + T]``,
+    ``DEV_BATCH`` windows per call (the logits of all of them at once would dominate peak
+    memory: 256 × 256 × V floats; on CPU small calls are also faster per token) with
+    :func:`saffu.models.interface.target_loss` (:func:`window_loss`'s values at a forward
+    pass's cost); the parameters are a jit argument, so one compilation serves every evaluation."""
+
+    #: Windows per call.
+    DEV_BATCH = 2
 
     def __init__(self, model: Model, stream: np.ndarray, config: TrainConfig):
         windows, mask = evenly_spaced_windows(stream, model, config.seq_len, config.eval_windows)
-        pad = -len(windows) % config.batch_size
+        self.size = min(self.DEV_BATCH, config.batch_size)
+        pad = -len(windows) % self.size
         if pad:   # fully masked filler windows keep one compiled shape
             windows = jnp.concatenate([windows, jnp.zeros((pad,) + windows.shape[1:], windows.dtype)])
             mask = jnp.concatenate([mask, jnp.zeros((pad,) + mask.shape[1:], bool)])
-        self.windows, self.mask, self.size = windows, mask, config.batch_size
-        self._loss = jax.jit(lambda p, w, m: window_loss(p, model, w, m))
+        self.windows, self.mask = windows, mask
+        self._loss = jax.jit(lambda p, w, m: target_loss(p, model, w, m))
 
     def __call__(self, params: Params) -> float:
         totals = [self._loss(params, self.windows[i:i + self.size], self.mask[i:i + self.size])

@@ -1,0 +1,339 @@
+"""Benchmark: scoring (a dev split, BLiMP) against training, side by side, for the transformer, the
+exact model and the explicit residual.
+
+For each model, in its own subprocess (so each peak RSS is that measurement's alone):
+
+* ``train``: tokens/s and seconds per step of a few timed training steps (the trainer's jitted
+  step, :class:`saffu.configs.TrainConfig`'s batch) after compilation; the exact model is solved,
+  not trained;
+* ``score``: :func:`saffu.eval.scoring.evaluate_split` on ``--eval-tokens`` of the dev split
+  (whole documents, spread over the split), tokens/s of a second run (the first, compilation
+  included, is ``score_first_seconds``);
+* ``blimp``: :func:`saffu.eval.blimp.sentence_log_probs` of every good and bad sentence of the
+  paradigm files, seconds after a compiling call, and the accuracy;
+* with ``--before``: the same scoring through the previous paths (whole-window logits and a
+  ``V``-wide log-softmax, 16 windows per call; BLiMP one sentence per row behind ``context``
+  pads in power-of-two buckets), for the speed-ups.
+
+The transformer is random-init (speed does not depend on the weights); the residual is that
+transformer (``f_θ``) over the exact run's tables, as ``experiments/warm_transformer.py`` builds
+it. Each figure is also a ratio to the model's own training tokens/s (the exact model's to the
+transformer's). The machine's load average is printed and recorded: timings on a shared machine
+are noisy, compare figures of one run.
+
+    python experiments/bench_scoring.py --quick
+    python experiments/bench_scoring.py --before --metrics-json /tmp/bench_scoring.json --write-result
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = ("transformer", "exact", "residual")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workdir", type=Path, default=ROOT / "runs" / "babylm", help="prepared work directory")
+    parser.add_argument("--exact-run", type=Path, default=ROOT / "runs" / "budgets" / "exact" / "1",
+                        help="a `saffu exact` run on --workdir (the exact model and the residual's tables)")
+    parser.add_argument("--blimp-dir", type=Path, default=ROOT.parent / "shared" / "data" / "blimp",
+                        help="folder of BLiMP *.jsonl paradigm files")
+    parser.add_argument("--blimp-files", type=int, default=0, help="first N paradigm files only (0: all)")
+    parser.add_argument("--eval-tokens", type=int, default=100_000,
+                        help="dev tokens scored (whole documents spread over the split; 0: the whole split)")
+    parser.add_argument("--train-steps", type=int, default=3, help="timed training steps (after two compiling ones)")
+    parser.add_argument("--width", type=int, default=128, help="transformer width")
+    parser.add_argument("--layers", type=int, default=5, help="transformer layers")
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
+    parser.add_argument("--before", action="store_true", help="also time the previous scoring paths")
+    parser.add_argument("--before-blimp-files", type=int, default=None,
+                        help="paradigm files of the previous BLiMP path (default: as --blimp-files)")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny settings, one process per model (peak RSS figures cumulative): 2,000 dev "
+                             "tokens, 1 paradigm file, 1 timed step, --before")
+    parser.add_argument("--metrics-json", type=Path, help="write the figures here as JSON")
+    parser.add_argument("--write-result", action="store_true", help="write results/bench_scoring.json")
+    parser.add_argument("--child", help=argparse.SUPPRESS)      # MODEL:MEASUREMENT, run in a subprocess
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.eval_tokens, args.blimp_files, args.train_steps, args.before = 2000, 1, 1, True
+    if args.before_blimp_files is None:
+        args.before_blimp_files = args.blimp_files
+    return args
+
+
+# ---------------------------------------------------------------- measurements (in a subprocess)
+
+def _model(kind: str, args):
+    """``(config, params, workdir)`` of ``kind``."""
+    import jax
+
+    from saffu.configs import TransformerConfig
+    from saffu.data.workdir import open_workdir
+    from saffu.models.interface import model_init
+    workdir = open_workdir(args.workdir)
+    base = TransformerConfig(workdir.vocab_size, width=args.width, layers=args.layers)
+    key = jax.random.key(0)
+    if kind == "transformer":
+        return base, model_init(base, key), workdir
+    from saffu.training.checkpoints import load_explicit, load_run_config
+    if kind == "exact":
+        config = load_run_config(args.exact_run)
+        return config, load_explicit(args.exact_run, config), workdir
+    from saffu.training.recipes import residual_start
+    config, params = residual_start(base, args.exact_run, key)
+    # a trained-looking f_θ: its output layer off zero (the cost is the same, the scores non-trivial)
+    output = model_init(base, jax.random.key(1))["output"]
+    params["model"]["output"] = output
+    return config, params, workdir
+
+
+def _peak_rss_mb() -> float:
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def measure_train(kind: str, args) -> dict:
+    """Tokens/s and seconds per step of ``--train-steps`` steps after two compiling ones."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from saffu.configs import TrainConfig
+    from saffu.data.windows import stack_windows
+    from saffu.training.trainer import StepStats, make_optimizer, make_train_step
+    config, params, workdir = _model(kind, args)
+    train = TrainConfig()
+    stream = workdir.tokens(workdir.train_split)
+    names = set(getattr(config, "fixed_params", ()))
+    fixed = {k: v for k, v in params.items() if k in names}
+    params = {k: v for k, v in params.items() if k not in names}
+    optimizer = make_optimizer(train, 1000)
+    opt_state, stats = optimizer.init(params), StepStats.zeros()
+    step = make_train_step(config, optimizer, train)
+    rng = np.random.default_rng(0)
+    batches = []
+    for _ in range(args.train_steps + 2):
+        starts = rng.integers(1, len(stream) - train.seq_len, train.batch_size)
+        windows, mask = stack_windows(stream, starts, [len(stream)] * len(starts), config.context, train.seq_len)
+        batches.append((jnp.asarray(windows), jnp.asarray(mask)))
+    times = []
+    for i, (windows, mask) in enumerate(batches):
+        start = time.perf_counter()
+        params, opt_state, stats = step(params, opt_state, stats, jnp.int32(i), windows, mask, fixed)
+        jax.block_until_ready(stats)
+        times.append(time.perf_counter() - start)
+    seconds = float(np.median(times[2:]))
+    return {"train_step_s": seconds, "train_tokens_per_s": train.batch_size * train.seq_len / seconds,
+            "train_compile_s": times[0], "train_peak_rss_mb": _peak_rss_mb()}
+
+
+def _old_loss():
+    """The previous evaluation path: whole-window logits, a ``V``-wide log-softmax and a gather."""
+    import jax
+
+    from saffu.models.interface import window_loss
+    return jax.jit(window_loss, static_argnums=1)
+
+
+def measure_score(kind: str, args, before: bool = False) -> dict:
+    """Tokens/s of scoring ``--eval-tokens`` of dev: the second of two runs (the first compiles)."""
+    from saffu.data.windows import total_nll
+    from saffu.eval.scoring import evaluate_split
+    config, params, workdir = _model(kind, args)
+    name = "before_score" if before else "score"
+    if before:
+        import functools
+        loss = functools.partial(_old_loss(), params, config)
+        stream = workdir.tokens("dev")
+
+        def run(tokens):
+            ranges, _ = workdir.sample_documents("dev", tokens or len(stream))
+            nll, count = total_nll(loss, stream, ranges, config.context, config.eval_seq_len, 16, tight=False)
+            return nll / count, count
+    else:
+        def run(tokens):
+            report = evaluate_split(params, config, workdir, "dev", tokens or None, progress=False)
+            return report["dev_loss"], report["dev_tokens"]
+    start = time.perf_counter()
+    run(args.eval_tokens)                                       # the first run compiles every window shape
+    first_s = time.perf_counter() - start
+    start = time.perf_counter()
+    loss, count = run(args.eval_tokens)
+    seconds = time.perf_counter() - start
+    return {f"{name}_tokens": count, f"{name}_seconds": seconds, f"{name}_tokens_per_s": count / seconds,
+            f"{name}_loss": loss, f"{name}_first_seconds": first_s, f"{name}_peak_rss_mb": _peak_rss_mb()}
+
+
+def measure_blimp(kind: str, args, before: bool = False) -> dict:
+    """Seconds to score every sentence of the paradigm files (after compiling every call shape on
+    a small sample of them), the tokens scored and the accuracy."""
+    import tempfile
+
+    import jax
+    import numpy as np
+
+    import saffu.eval.blimp as blimp
+    config, params, workdir = _model(kind, args)
+    tokenizer = workdir.tokenizer()
+    files = sorted(args.blimp_dir.glob("*.jsonl"))
+    count = args.before_blimp_files if before else args.blimp_files
+    files = files[:count] if count else files
+    with tempfile.TemporaryDirectory() as folder:
+        for path in files:
+            (Path(folder) / path.name).symlink_to(path.resolve())
+        pairs = blimp.load_blimp(folder)
+    sentences = [p.good for p in pairs] + [p.bad for p in pairs]
+    tokens = sum(len(e.ids) for e in tokenizer.encode_batch(sentences, add_special_tokens=False))
+    pack = None
+    name = "before_blimp" if before else "blimp"
+    if before:                                   # one sentence per row, whole-window log-softmax
+        from saffu.models.interface import window_nll
+        old = jax.jit(window_nll, static_argnums=1)
+        blimp._target_nll = lambda params, config, windows, mask, context, positions: old(params, config, windows, mask)
+        blimp.CALL_POSITIONS = 16 * (8 + 256)                # its calls: 16 rows of the default SAFFU
+        pack = False
+    lengths = np.asarray([len(e.ids) for e in tokenizer.encode_batch(sentences, add_special_tokens=False)])
+    # compile every call shape first: a sample of one sentence of each power-of-two length bucket
+    buckets = 1 << np.maximum(np.ceil(np.log2(np.maximum(lengths, 1))).astype(int), 3)
+    sample = [int(np.flatnonzero(buckets == w)[0]) for w in np.unique(buckets)]
+    start = time.perf_counter()
+    blimp.sentence_log_probs(params, config, tokenizer, [sentences[i] for i in sample], progress=False, pack=pack)
+    compile_s = time.perf_counter() - start
+    start = time.perf_counter()
+    scores = blimp.sentence_log_probs(params, config, tokenizer, sentences, progress=False, pack=pack)
+    seconds = time.perf_counter() - start
+    accuracy = blimp.blimp_accuracy(pairs, scores[:len(pairs)], scores[len(pairs):])["blimp_accuracy"]
+    return {f"{name}_seconds": seconds, f"{name}_pairs": len(pairs), f"{name}_files": len(files),
+            f"{name}_tokens": tokens, f"{name}_tokens_per_s": tokens / seconds, f"{name}_accuracy": accuracy,
+            f"{name}_compile_s": compile_s, f"{name}_peak_rss_mb": _peak_rss_mb(),
+            f"{name}_log_prob_sum": float(scores.sum())}
+
+
+def child(args) -> None:
+    """Run ``--child MODEL:MEASUREMENT[,MEASUREMENT…]`` and print its figures as one JSON line."""
+    kind, measurements = args.child.split(":")
+    figures = {}
+    for measurement in measurements.split(","):
+        before = measurement.startswith("before_")
+        function = {"train": measure_train, "score": measure_score,
+                    "blimp": measure_blimp}[measurement.removeprefix("before_")]
+        figures.update(function(kind, args, before) if before else function(kind, args))
+    print("RESULT " + json.dumps(figures), flush=True)
+
+
+# ---------------------------------------------------------------- the side-by-side run
+
+def _run_child(kind: str, measurement: str, argv: list[str]) -> dict:
+    command = [sys.executable, str(Path(__file__).resolve()), *argv, "--child", f"{kind}:{measurement}"]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if done.returncode or not lines:
+        sys.stderr.write(done.stderr[-4000:])
+        raise SystemExit(f"{kind} {measurement} failed (exit {done.returncode})")
+    return json.loads(lines[-1].removeprefix("RESULT "))
+
+
+def _child_argv(args) -> list[str]:
+    argv = ["--workdir", str(args.workdir), "--exact-run", str(args.exact_run), "--blimp-dir", str(args.blimp_dir),
+            "--blimp-files", str(args.blimp_files), "--before-blimp-files", str(args.before_blimp_files),
+            "--eval-tokens", str(args.eval_tokens), "--train-steps", str(args.train_steps),
+            "--width", str(args.width), "--layers", str(args.layers)]
+    return argv
+
+
+def _ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    if args.child:
+        child(args)
+        return {}
+    started_load = os.getloadavg()
+    started = time.time()
+    argv = _child_argv(args)
+    figures = {"settings": {"eval_tokens": args.eval_tokens, "blimp_files": args.blimp_files,
+                            "before_blimp_files": args.before_blimp_files, "train_steps": args.train_steps,
+                            "width": args.width, "layers": args.layers, "workdir": str(args.workdir),
+                            "exact_run": str(args.exact_run), "quick": args.quick}}
+    measurements = ["train", "score", "blimp"] + (["before_score", "before_blimp"] if args.before else [])
+    for kind in args.models:
+        row, wanted = {}, [m for m in measurements if not (m == "train" and kind == "exact")]   # exact: solved
+        # --quick: one process per model (its peak RSS figures are then that process's, cumulative)
+        for group in ([",".join(wanted)] if args.quick else wanted):
+            row.update(_run_child(kind, group, argv))
+            print(f"  {kind:<11} {group:<13} done  (load {os.getloadavg()[0]:.1f})", flush=True)
+        figures[kind] = row
+    train_reference = figures.get("transformer", {}).get("train_tokens_per_s")
+    for kind in args.models:
+        row = figures[kind]
+        reference = row.get("train_tokens_per_s", train_reference)
+        row["score_vs_train"] = _ratio(row.get("score_tokens_per_s"), reference)
+        row["blimp_vs_train"] = _ratio(row.get("blimp_tokens_per_s"), reference)
+        if args.before:
+            row["score_speedup"] = _ratio(row.get("score_tokens_per_s"), row.get("before_score_tokens_per_s"))
+            row["blimp_speedup"] = _ratio(row.get("blimp_tokens_per_s"), row.get("before_blimp_tokens_per_s"))
+            row["before_score_vs_train"] = _ratio(row.get("before_score_tokens_per_s"), reference)
+            row["before_blimp_vs_train"] = _ratio(row.get("before_blimp_tokens_per_s"), reference)
+    if "residual" in figures and "transformer" in figures:
+        residual, plain = figures["residual"], figures["transformer"]
+        figures["residual_vs_transformer"] = {
+            "train_step_ratio": _ratio(residual.get("train_step_s"), plain.get("train_step_s")),
+            "train_peak_rss_ratio": _ratio(residual.get("train_peak_rss_mb"), plain.get("train_peak_rss_mb")),
+            "score_peak_rss_ratio": _ratio(residual.get("score_peak_rss_mb"), plain.get("score_peak_rss_mb"))}
+    figures["load"] = {"load_average_1min_start": started_load[0], "load_average_1min_end": os.getloadavg()[0],
+                       "load_average_5min_end": os.getloadavg()[1], "cores": os.cpu_count()}
+    figures["wall_seconds"] = time.time() - started
+    print_table(figures, args)
+    if args.metrics_json:
+        args.metrics_json.parent.mkdir(parents=True, exist_ok=True)
+        args.metrics_json.write_text(json.dumps(figures, indent=2) + "\n")
+    if args.write_result:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from results import write_result
+        path = write_result("bench_scoring", figures, seeds=[0],
+                            load={"load_average_1min_start": started_load[0],
+                                  "load_average_1min_end": figures["load"]["load_average_1min_end"]})
+        print(f"wrote {path}")
+    return figures
+
+
+def print_table(figures: dict, args) -> None:
+    def cell(value, form):
+        return "—" if value is None else format(value, form)
+    columns = [("train tok/s", "train_tokens_per_s", ",.0f"), ("step s", "train_step_s", ".2f"),
+               ("train RSS MB", "train_peak_rss_mb", ",.0f"), ("score tok/s", "score_tokens_per_s", ",.0f"),
+               ("×train", "score_vs_train", ".2f"), ("BLiMP s", "blimp_seconds", ".1f"),
+               ("BLiMP tok/s", "blimp_tokens_per_s", ",.0f"), ("×train", "blimp_vs_train", ".2f")]
+    if args.before:
+        columns += [("old score tok/s", "before_score_tokens_per_s", ",.0f"), ("score ×", "score_speedup", ".2f"),
+                    ("old BLiMP tok/s", "before_blimp_tokens_per_s", ",.0f"), ("BLiMP ×", "blimp_speedup", ".2f")]
+    print()
+    print(f"{'model':<12}" + "".join(f"{title:>16}" for title, _, _ in columns))
+    for kind in args.models:
+        row = figures[kind]
+        print(f"{kind:<12}" + "".join(f"{cell(row.get(key), form):>16}" for _, key, form in columns))
+    settings = figures["settings"]
+    print(f"\ndev tokens scored: {figures[args.models[0]].get('score_tokens')}, BLiMP pairs: "
+          f"{figures[args.models[0]].get('blimp_pairs')} ({settings['blimp_files'] or 'all'} files); "
+          f"load average {figures['load']['load_average_1min_start']:.1f} → {figures['load']['load_average_1min_end']:.1f} "
+          f"on {figures['load']['cores']} cores; {figures['wall_seconds']:.0f} s")
+    if "residual_vs_transformer" in figures:
+        ratio = figures["residual_vs_transformer"]
+        print(f"residual / transformer: step time ×{cell(ratio['train_step_ratio'], '.2f')}, "
+              f"training peak RSS ×{cell(ratio['train_peak_rss_ratio'], '.2f')}, "
+              f"scoring peak RSS ×{cell(ratio['score_peak_rss_ratio'], '.2f')}")
+
+
+if __name__ == "__main__":
+    main()
