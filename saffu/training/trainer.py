@@ -36,7 +36,7 @@ from saffu.data.folds import fold_window_starts
 from saffu.data.windows import evenly_spaced_windows, shuffled_window_starts, stack_windows
 from saffu.engine import accounting
 from saffu.engine.distributed import local_mesh
-from saffu.models.interface import Params, target_loss, window_loss
+from saffu.models.interface import Params, target_loss
 from saffu.training.checkpoints import (
     checkpoint_manager,
     remove_failed_save,
@@ -195,7 +195,9 @@ def make_train_step(model: Model, optimizer: optax.GradientTransformation, confi
     ``fixed`` holds the model's ``fixed_params`` (inputs: neither differentiated nor updated,
     and never cast to the compute dtype); ``params`` the trained rest.
 
-    The loss is the mean NLL of the batch's targets. A step whose loss or gradients are not
+    The loss is the mean NLL of the batch's targets, computed as scoring computes it
+    (:func:`saffu.models.interface.target_loss`: the output layer only where a target is scored,
+    ``logsumexp − logit`` instead of a ``V``-wide log-softmax array). A step whose loss or gradients are not
     finite is not applied (parameters and optimizer state are returned unchanged) and is
     counted in ``stats``; the host decides what to do at its next read.
     """
@@ -204,7 +206,7 @@ def make_train_step(model: Model, optimizer: optax.GradientTransformation, confi
     def loss_fn(p, windows, mask, fixed):
         if compute != jnp.float32:
             p = jax.tree.map(lambda x: x.astype(compute) if jnp.issubdtype(x.dtype, jnp.floating) else x, p)
-        nll, count = window_loss({**p, **fixed}, model, windows, mask)
+        nll, count = target_loss({**p, **fixed}, model, windows, mask)
         return nll.astype(jnp.float32) / jnp.maximum(count, 1)
 
     def step_fn(p, opt_state, stats: StepStats, step, windows, mask, fixed):
