@@ -220,3 +220,37 @@ def test_the_key_value_cache_gives_the_whole_sequence_logits():
     with pytest.raises(SaffuError, match="dense transformer"):
         decode_step(params, TransformerConfig(50, width=16, layers=1, heads=2, context_tokens=4, max_len=16,
                                               ffn="lowrank"), cache, tokens[:, 0])
+
+
+def _dot_operand_dtypes(fn, *args) -> set[tuple[str, ...]]:
+    """The operand dtypes of every ``dot_general`` in ``fn``'s jaxpr (nested jaxprs included)."""
+    found = set()
+
+    def walk(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "dot_general":
+                found.add(tuple(str(v.aval.dtype) for v in eqn.invars))
+            for value in eqn.params.values():
+                inner = getattr(value, "jaxpr", None)
+                if inner is not None:
+                    walk(getattr(inner, "jaxpr", inner))
+
+    walk(jax.make_jaxpr(fn)(*args).jaxpr)
+    return found
+
+
+def test_a_bf16_forward_multiplies_in_bf16_and_stays_close_to_float32():
+    """``--compute-dtype bfloat16`` casts the weights; every product of the forward must then
+    take bf16 operands (the token embedding lookup once promoted everything back to float32)."""
+    config = TransformerConfig(vocab_size=40, **SMALL)
+    params = model_init(config, jax.random.key(0))
+    half = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
+    tokens = jnp.asarray(np.random.default_rng(0).integers(2, 40, (2, 12)), jnp.int32)
+    logits = lambda p, t: model_logits(config, p, t)
+    assert _dot_operand_dtypes(logits, half, tokens) == {("bfloat16", "bfloat16")}
+    assert _dot_operand_dtypes(logits, params, tokens) == {("float32", "float32")}
+    # close to the float32 forward of the same (bf16-rounded) weights: logits of order 1, bf16's
+    # 8-bit mantissa over 2 blocks
+    rounded = jax.tree.map(lambda x: x.astype(jnp.float32), half)
+    np.testing.assert_allclose(np.asarray(logits(half, tokens), np.float32), np.asarray(logits(rounded, tokens)),
+                               atol=0.1)

@@ -73,7 +73,9 @@ class Transformer(nnx.Module):
         if length > self.config.max_len:
             raise SaffuError(f"window of {length} tokens is longer than the transformer's max_len "
                              f"{self.config.max_len}; use a shorter --seq-len or a larger --max-len")
-        x = self.embed(tokens) + self.positions[...][None, :length]
+        # the table's own dtype (flax's Embed would cast to the dtype it was built with, float32,
+        # and so promote every later product of a bf16 step back to float32)
+        x = jnp.take(self.embed.embedding[...], tokens, axis=0) + self.positions[...][None, :length]
         mask = document_causal_mask(tokens)
         for block in self.blocks:
             x = block(x, mask, sow_weights, alpha)
