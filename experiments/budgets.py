@@ -107,7 +107,31 @@ def cold_compute_to_reach(curve: list[tuple[float, float]], target: float) -> tu
     return best[-1][0], "beyond"
 
 
-DERIVED = ("cold_compute_to_match", "multiplier", "multiplier_is")
+def steps_to_reach(curve: list[tuple[int, float]], target: float) -> float | None:
+    """The first step at which a run's periodic dev loss ``[(step, loss), …]`` reaches ``target``,
+    linear between its evaluations (``None``: never)."""
+    points = sorted(curve)
+    if points and points[0][1] <= target:
+        return float(points[0][0])
+    for (s0, y0), (s1, y1) in zip(points, points[1:]):
+        if y1 <= target:                    # y0 > target (else the loop had stopped before)
+            return s0 + (y0 - target) / (y0 - y1) * (s1 - s0)
+    return None
+
+
+def share_of_steps_to_cold(row: dict, rows: list[dict]) -> float | None:
+    """The share of an explicit run's steps it took to reach the final periodic dev loss of the
+    cold run of the same budget (vocabulary, width, epochs, seed), read off both runs' curves of
+    the same dev windows; ``None`` when a curve is missing or the run never got there."""
+    cold = next((r for r in rows if r["start"] == "cold" and r.get("curve") and
+                 all(r[k] == row[k] for k in ("vocab_size", "width", "epochs", "seed"))), None)
+    if cold is None or not row.get("curve"):
+        return None
+    step = steps_to_reach(row["curve"], cold["curve"][-1][1])
+    return None if step is None else step / row["steps"]
+
+
+DERIVED = ("cold_compute_to_match", "multiplier", "multiplier_is", "share_of_steps_to_cold")
 
 
 def key(row: dict) -> tuple:
@@ -156,6 +180,7 @@ def report(out: Path, write: bool = True, also: tuple[Path, ...] = ()) -> dict:
                      "solve_seconds": r["solve_seconds"], "flops": last["flops"], "compute": compute(r),
                      "steps": last["step"], "trained_params": r["trained_params"], "finished": r["finished"],
                      "vocab_size": r.get("vocab_size", FIRST_VOCAB),
+                     "curve": [(h["step"], h["dev_loss"]) for h in r["history"] if h.get("dev_loss") is not None],
                      "reproduce": f"python experiments/budgets.py --workdir {r.get('workdir', 'runs/babylm')} "
                                   f"--out {r['out']} --runs "
                                   f"{r['variant']}:{r.get('epochs', 1)}:{r.get('width', 128)}:{r['seed']}"})
@@ -170,8 +195,11 @@ def report(out: Path, write: bool = True, also: tuple[Path, ...] = ()) -> dict:
         if row["start"] in EXPLICIT and cold:
             need, how = cold_compute_to_reach(cold, row["dev_bpb"])
             row.update(cold_compute_to_match=need, multiplier=need / row["compute"], multiplier_is=how)
+        if row["start"] in EXPLICIT:
+            row["share_of_steps_to_cold"] = share_of_steps_to_cold(row, rows)
     lines = ["| V | width | epochs | start | seed | lr | dev bits/byte | train loss (nats) | dev windows (nats) | "
-             "seconds (solve) | compute (FLOPs) | multiplier |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "seconds (solve) | compute (FLOPs) | multiplier | steps to cold's loss |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         bound = {"interpolated": "", "beyond": "≥ ", "before": "≤ "}.get(row.get("multiplier_is"), "")
         multiplier = f"{bound}{row['multiplier']:.2f}×" if "multiplier" in row else "–"
@@ -179,7 +207,7 @@ def report(out: Path, write: bool = True, also: tuple[Path, ...] = ()) -> dict:
                      f"{row['learning_rate']:g} | "
                      f"{row['dev_bpb']:.4f} | {row['train_loss']:.3f} | {row['last_dev_window_loss']:.3f} | "
                      f"{row['train_seconds']:,.0f} "
-                     f"({row['solve_seconds']:,.0f}) | {row['compute']:.3e} | {multiplier} |")
+                     f"({row['solve_seconds']:,.0f}) | {row['compute']:.3e} | {multiplier} | {_share(row)} |")
     table = "\n".join(lines)
     print(table)
     if write:
@@ -189,6 +217,13 @@ def report(out: Path, write: bool = True, also: tuple[Path, ...] = ()) -> dict:
                                    "development work sharing the machine at times; FLOPs are analytic; each row "
                                    "carries the command that reproduces it and when it finished"})
     return {"rows": rows, "table": table}
+
+
+def _share(row: dict) -> str:
+    if row["start"] not in EXPLICIT:
+        return "–"
+    share = row.get("share_of_steps_to_cold")
+    return "not reached" if share is None and row.get("curve") else ("–" if share is None else f"{share:.0%}")
 
 
 def _plot(rows: list[dict], path: Path) -> str:

@@ -171,7 +171,8 @@ def bench_bf16(record: dict) -> str:
     model = tr["model"]
     rows = "\n".join(f"| {name.replace('_', ' ')} | {tr['seconds_per_step'][name] * 1e3:.0f} ms | "
                      f"{tr['tokens_per_s'][name]:,.0f} | {tr['seconds_per_step'][name] / tr['seconds_per_step']['float32']:.2f} | "
-                     f"{tr['mean_loss_last_round'][name]:.4f} |" for name in tr["seconds_per_step"])
+                     f"{tr['mean_loss_last_round'][name]:.4f} |"
+                     for name in sorted(tr["seconds_per_step"], key=lambda n: n != "float32"))
     units = ", ".join(f["cpu_bf16_units"]) or "none"
     return f"""# bfloat16 compute on this backend
 
@@ -189,13 +190,14 @@ The output layer's product `[{mm_shape(f)}]`, median of repeated calls:
 | bf16 × bf16 → bf16 | {mm['bf16_to_bf16'] * 1e3:.1f} ms |
 | bf16 × bf16 → float32 | {mm['bf16_to_f32'] * 1e3:.1f} ms |
 
-XLA compiled the bf16 → bf16 product {'as a float32 product between conversions' if f['matmul']['bf16_to_bf16_converts_to_f32'] else 'without conversions to float32'}.
+XLA compiled the bf16 → bf16 product {'as a float32 product between conversions' if f['matmul']['bf16_to_bf16_converts_to_f32'] else 'without conversions to float32'}; the bf16 → float32
+product took {mm['bf16_to_f32'] / mm['float32']:.2f}× float32's time. A training step's products are bf16 → bf16 (its
+forward) and products with a float32 cotangent (its backward), neither of which this backend runs in bf16.
 
 Training steps of the transformer (V {model['vocab_size']:,}, width {model['width']}, {model['layers']} layers,
 {model['batch_size']} windows × {model['seq_len']} targets per step), alternating variant by variant after
-compilation; "bfloat16" is `--compute-dtype bfloat16` as saffu runs it (every layer's product
-accumulates in float32, `saffu.models.transformer.accumulate_f32`), "bfloat16 plain dot" the same
-with flax's default bf16 → bf16 products:
+compilation (`--compute-dtype bfloat16`: the weights cast to bf16 for the forward and backward
+passes, float32 master weights and optimizer state):
 
 | variant | step | tokens/s | step time over float32's | mean loss, last round |
 |---|---:|---:|---:|---:|
@@ -230,12 +232,52 @@ counts agree exactly (largest difference against numpy {f['max_abs_diff_numpy']:
 """
 
 
+SCORED = (("transformer", "transformer (random init)"), ("exact", "exact model"), ("residual", "explicit residual"))
+
+
+def bench_scoring(record: dict) -> str:
+    f = record["figures"]
+    settings = f["settings"]
+    train = f["transformer"]["train_tokens_per_s"]
+    rows = []
+    for key, label in SCORED:
+        m = f[key]
+        trains = f"{m['train_tokens_per_s']:,.0f}" if "train_tokens_per_s" in m else "— (solved)"
+        rows.append(f"| {label} | {trains} | {m['before_score_tokens_per_s']:,.0f} → {m['score_tokens_per_s']:,.0f} "
+                    f"({m['score_vs_train']:.2f}×) | {m['before_blimp_tokens_per_s']:,.0f} → {m['blimp_tokens_per_s']:,.0f} "
+                    f"({m['blimp_vs_train']:.2f}×) | {m['blimp_seconds']:.0f} s | "
+                    f"{abs(m['score_loss'] - m['before_score_loss']):.1e} |")
+    ratio = f["residual_vs_transformer"]
+    return f"""# Scoring and BLiMP throughput against training
+
+Generated from [`results/bench_scoring.json`](../../results/bench_scoring.json) by `experiments/render_results.py`.
+
+{provenance(record)}
+
+Width {settings['width']}, {settings['layers']} layers, on `{Path(settings['workdir']).name}`; the exact model and the
+residual's explicit part are the `saffu exact` run of the whole training split. Each figure is measured in its own
+process. Dev scoring: {f['transformer']['score_tokens']:,} dev targets of whole documents, old path → new path
+(the second of two identical runs, so no compilation is timed). BLiMP: all
+{f['transformer']['blimp_pairs']:,} pairs of the paradigm files present; its old path was timed on
+{settings['before_blimp_files']} files, so "old" is that subset's tokens/s. In brackets: tokens/s over the
+model's training tokens/s (the exact model, which is solved, over the transformer's, {train:,.0f}).
+
+| model | training tokens/s | dev scoring tokens/s, old → new | BLiMP tokens/s, old → new | BLiMP, all pairs | \\|Δ loss\\| old vs new (nats) |
+|---|---:|---:|---:|---:|---:|
+{chr(10).join(rows)}
+
+The residual against the plain transformer: training step time ×{ratio['train_step_ratio']:.2f}, training
+peak RSS ×{ratio['train_peak_rss_ratio']:.2f} ({f['residual']['train_peak_rss_mb']:,.0f} against
+{f['transformer']['train_peak_rss_mb']:,.0f} MB), scoring peak RSS ×{ratio['score_peak_rss_ratio']:.2f}.
+"""
+
+
 def mm_shape(f: dict) -> str:
     rows, width, vocab = f["matmul"]["shape"]
     return f"{rows:,} × {width}] @ [{width} × {vocab:,}"
 
 
-RENDERERS = {"bench_bf16": bench_bf16, "bench_stats": bench_stats, "soak": soak, "budgets": budgets, "any_model": any_model, "setup": setup}
+RENDERERS = {"bench_bf16": bench_bf16, "bench_scoring": bench_scoring, "bench_stats": bench_stats, "soak": soak, "budgets": budgets, "any_model": any_model, "setup": setup}
 
 
 def _load(name: str) -> dict | None:
@@ -297,7 +339,35 @@ def setup_block() -> str:
             f"[Details](docs/results/setup.md).\n")
 
 
-README_BLOCKS = {"headline": headline_block, "setup": setup_block}
+def speed_block() -> str:
+    """The README's throughput lines: scoring and BLiMP against training, the statistics engine
+    against numpy, bf16 against float32 on the measuring backend; one line per results file."""
+    lines = []
+    scoring = _load("bench_scoring")
+    if scoring:
+        f = scoring["figures"]
+        for key, label in (("transformer", "transformer"), ("residual", "explicit residual")):
+            m = f[key]
+            lines.append(f"* {label}: dev scoring {m['score_vs_train']:.1f}× and BLiMP {m['blimp_vs_train']:.1f}× its "
+                         f"training tokens/s ({scoring['date']}, [bench_scoring](docs/results/bench_scoring.md))")
+    stats = _load("bench_stats")
+    if stats:
+        f = stats["figures"]
+        lines.append(f"* statistics engine: {f['speedup_vs_numpy']:.1f}× `np.add.at` (median; smallest repeat "
+                     f"{f['min_speedup_vs_numpy']:.1f}×) ({stats['date']}, [bench_stats](docs/results/bench_stats.md))")
+    bf16 = _load("bench_bf16")
+    if bf16:
+        f = bf16["figures"]
+        ratio = f["training"]["bf16_over_f32_step"]
+        verdict = "slower" if ratio > 1 else "faster"
+        lines.append(f"* `--compute-dtype bfloat16` on {f['backend']}: a training step takes {ratio:.2f}× float32's "
+                     f"({verdict}) ({bf16['date']}, [bench_bf16](docs/results/bench_bf16.md))")
+    if not lines:
+        return "No benchmark results file yet: run `experiments/bench_scoring.py --write-result`.\n"
+    return "\n".join(lines) + "\n"
+
+
+README_BLOCKS = {"headline": headline_block, "setup": setup_block, "speed": speed_block}
 BLOCK = re.compile(r"^<!-- generated: (?P<name>[\w-]+) -->\n(?P<body>.*?)^<!-- /generated -->$", re.M | re.S)
 
 

@@ -52,3 +52,18 @@ def test_cold_seeds_of_one_budget_are_averaged():
     rows = [{"vocab_size": 8192, **row} for row in rows]
     assert cold_curve(rows, 128) == [(1.0, 2.0), (5.0, pytest.approx(1.75))]
     assert cold_curve(rows, 128, 30433) == [(3.0, 2.5)]           # another vocabulary: a curve of its own
+
+
+def test_steps_to_the_cold_loss_are_read_off_the_curves_of_the_same_budget():
+    from budgets import share_of_steps_to_cold, steps_to_reach
+    curve = [(0, 9.0), (50, 5.0), (100, 4.5), (150, 4.0)]
+    assert steps_to_reach(curve, 4.75) == pytest.approx(75.0)          # halfway between the evaluations at 50 and 100
+    assert steps_to_reach(curve, 5.0) == pytest.approx(50.0)
+    assert steps_to_reach(curve, 9.5) == 0.0                            # already there at the start
+    assert steps_to_reach(curve, 3.9) is None                           # never
+    budget = {"vocab_size": 30433, "width": 128, "epochs": 1, "seed": 0}
+    cold = {"start": "cold", "steps": 200, "curve": [(0, 9.0), (100, 5.0), (200, 4.5)], **budget}
+    other = {**cold, "vocab_size": 8192, "curve": [(0, 9.0), (200, 3.0)]}     # another vocabulary: not compared
+    explicit = {"start": "explicit-init", "steps": 200, "curve": curve + [(200, 3.8)], **budget}
+    assert share_of_steps_to_cold(explicit, [other, cold, explicit]) == pytest.approx(100 / 200)
+    assert share_of_steps_to_cold(explicit, [other, explicit]) is None

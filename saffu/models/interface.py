@@ -140,31 +140,6 @@ def positional(config) -> bool:
     return kind == "transformer" or (kind == "residual" and positional(config.base))
 
 
-def _transformer_target_logits(params: Params, config, tokens: jax.Array, context: int,
-                               positions: jax.Array | None) -> jax.Array:
-    """The transformer's logits at the ``T = S − context`` positions that predict ``tokens[:,
-    context:]`` only: ``tokens int32[B, S]`` -> ``float32[B, T, V]``. The blocks run over every
-    position (as :func:`saffu.models.transformer.transformer_logits`), the ``V``-wide output layer
-    over the predicting ones; ``positions int32[B, S]`` (``None``: ``0 … S − 1``) index the learned
-    position embeddings, so sentences packed into a row read the positions they would alone."""
-    from saffu.models.transformer import _module, document_causal_mask
-    alpha = None
-    if "guide_alpha" in params:                    # the dense guide's weight (self-guided training)
-        params = dict(params)
-        alpha = params.pop("guide_alpha")
-    model = _module(params, config)
-    length = tokens.shape[1]
-    if positions is None and length > config.max_len:
-        raise SaffuError(f"window of {length} tokens is longer than the transformer's max_len {config.max_len}")
-    table = model.positions[...]
-    embedded = jnp.take(model.embed.embedding[...], tokens, axis=0)       # (the table's own dtype)
-    x = embedded + (table[None, :length] if positions is None else table[positions])
-    mask = document_causal_mask(tokens)
-    for block in model.blocks:
-        x = block(x, mask, False, alpha)
-    return model.output(model.final_norm(x[:, context - 1:-1]))
-
-
 def _local_target_logits(params: Params, config, tokens: jax.Array, context: int) -> jax.Array:
     """The logits predicting ``tokens[:, context:]`` of a model whose prediction at ``p`` reads
     only ``tokens[p − config.context + 1 … p]`` inside its document (the exact model): run on
@@ -190,7 +165,8 @@ def target_logits(params: Params, config, windows: jax.Array, context: int | Non
     context = config.context if context is None else context
     kind = _kind(config)
     if kind == "transformer":
-        return _transformer_target_logits(params, config, windows, context, positions)
+        return transformer.transformer_logits(params, config, windows[:, :-1], positions=None if positions is None
+                                              else positions[:, :-1], predict_from=context - 1)
     if kind == "exact":
         return _local_target_logits(params, config, windows, context)
     if kind == "residual" and "fold" not in params:

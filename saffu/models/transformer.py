@@ -65,21 +65,26 @@ class Transformer(nnx.Module):
         self.final_norm = nnx.LayerNorm(config.width, rngs=rngs)
         self.output = nnx.Linear(config.width, config.vocab_size, use_bias=config.output_bias, rngs=rngs)
 
-    def __call__(self, tokens: jax.Array, sow_weights: bool = False, alpha: jax.Array | None = None) -> jax.Array:
+    def __call__(self, tokens: jax.Array, sow_weights: bool = False, alpha: jax.Array | None = None,
+                 positions: jax.Array | None = None, predict_from: int = 0) -> jax.Array:
         """``sow_weights``: also keep every block's post-softmax attention weights
         (``block.attention.attention_weights``, see :func:`transformer_attention`); ``alpha``:
-        the dense guide's weight of self-guided training (``None``: the structured MLP alone)."""
+        the dense guide's weight of self-guided training (``None``: the structured MLP alone);
+        ``positions int32[B, S]``: each token's position (``None``: ``0 … S − 1``); the logits of
+        positions ``predict_from …`` only (the blocks still read every position)."""
         length = tokens.shape[1]
-        if length > self.config.max_len:
+        if positions is None and length > self.config.max_len:
             raise SaffuError(f"window of {length} tokens is longer than the transformer's max_len "
                              f"{self.config.max_len}; use a shorter --seq-len or a larger --max-len")
+        table = self.positions[...]
         # the table's own dtype (flax's Embed would cast to the dtype it was built with, float32,
         # and so promote every later product of a bf16 step back to float32)
-        x = jnp.take(self.embed.embedding[...], tokens, axis=0) + self.positions[...][None, :length]
+        x = jnp.take(self.embed.embedding[...], tokens, axis=0) + (table[None, :length] if positions is None
+                                                                   else table[positions])
         mask = document_causal_mask(tokens)
         for block in self.blocks:
             x = block(x, mask, sow_weights, alpha)
-        return self.output(self.final_norm(x))
+        return self.output(self.final_norm(x[:, predict_from:]))
 
 
 def document_causal_mask(tokens: jax.Array) -> jax.Array:
@@ -109,17 +114,20 @@ def _module(params: Params, config: TransformerConfig) -> Transformer:
     return nnx.merge(graphdef, state)
 
 
-def transformer_logits(params: Params, config: TransformerConfig, tokens: jax.Array) -> jax.Array:
-    """Next-token logits ``float32[B, S, V]`` of ``tokens int32[B, S]`` with the params dict.
-    A self-guided model's ``params["guide_alpha"]`` (``float32[]``, from
+def transformer_logits(params: Params, config: TransformerConfig, tokens: jax.Array,
+                       positions: jax.Array | None = None, predict_from: int = 0) -> jax.Array:
+    """Next-token logits ``float32[B, S − predict_from, V]`` of ``tokens int32[B, S]`` with the
+    params dict, at positions ``predict_from …`` (the output layer runs there only), each token at
+    its ``positions int32[B, S]`` (``None``: ``0 … S − 1``; packed sentences read the positions
+    they have alone). A self-guided model's ``params["guide_alpha"]`` (``float32[]``, from
     :meth:`TransformerConfig.step_inputs`) mixes in the dense guide; without it the guide is not read."""
+    alpha = None
     if "guide_alpha" in params:
         if not config.guide_share:
             raise SaffuError("a guide weight α was given to a transformer without self-guided training")
         params = dict(params)
         alpha = params.pop("guide_alpha")
-        return _module(params, config)(tokens, alpha=alpha)
-    return _module(params, config)(tokens)
+    return _module(params, config)(tokens, alpha=alpha, positions=positions, predict_from=predict_from)
 
 
 def drop_guide(params: Params, config: TransformerConfig) -> tuple[TransformerConfig, Params]:
