@@ -117,8 +117,8 @@ def window_nll(params: Params, config, windows: jax.Array, mask: jax.Array) -> j
     """Per-target NLL (nats) ``float32[B, T]`` of ``windows int32[B, R + T]`` whose first
     ``R = config.context`` tokens are context only; zero where ``mask bool[B, T]`` is False.
     ``config`` is any model config (see the module docstring). The reference formula (the
-    whole window's logits, a ``V``-wide log-softmax, a gather), differentiated in training;
-    scoring calls :func:`target_nll`, which gives the same values at a forward pass's cost."""
+    whole window's logits, a ``V``-wide log-softmax, a gather), which the tests compare against;
+    training and scoring call :func:`target_nll`, which gives the same values at less cost."""
     context = config.context
     logits = model_logits(config, params, windows)[:, context - 1:-1]
     targets = windows[:, context:]
@@ -199,7 +199,7 @@ def target_nll(params: Params, config, windows: jax.Array, mask: jax.Array, cont
 
 def target_loss(params: Params, config, windows: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Summed NLL (nats, ``float32[]``) and target count (``int32[]``) of :func:`target_nll`'s
-    windows ``int32[B, R + T]`` with ``mask bool[B, T]``: :func:`window_loss`'s values, for scoring."""
+    windows ``int32[B, R + T]`` with ``mask bool[B, T]``: :func:`window_loss`'s values, for training and scoring."""
     return jnp.sum(target_nll(params, config, windows, mask)), jnp.sum(mask)
 
 
