@@ -23,6 +23,7 @@ are noisy, compare figures of one run.
 
     python experiments/bench_scoring.py --quick
     python experiments/bench_scoring.py --before --metrics-json /tmp/bench_scoring.json --write-result
+    python experiments/bench_scoring.py --rounds 3 --models transformer residual   # medians of 3 interleaved rounds
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -49,7 +51,11 @@ def parse_args(argv=None):
     parser.add_argument("--blimp-files", type=int, default=0, help="first N paradigm files only (0: all)")
     parser.add_argument("--eval-tokens", type=int, default=100_000,
                         help="dev tokens scored (whole documents spread over the split; 0: the whole split)")
-    parser.add_argument("--train-steps", type=int, default=3, help="timed training steps (after two compiling ones)")
+    parser.add_argument("--train-steps", type=int, default=8,
+                        help="timed training steps (after two compiling ones; the median is kept)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="measure every model this many times, the models interleaved round by round, and "
+                             "keep the medians (a shared machine's load drifts during a run)")
     parser.add_argument("--width", type=int, default=128, help="transformer width")
     parser.add_argument("--layers", type=int, default=5, help="transformer layers")
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
@@ -64,7 +70,7 @@ def parse_args(argv=None):
     parser.add_argument("--child", help=argparse.SUPPRESS)      # MODEL:MEASUREMENT, run in a subprocess
     args = parser.parse_args(argv)
     if args.quick:
-        args.eval_tokens, args.blimp_files, args.train_steps, args.before = 2000, 1, 1, True
+        args.eval_tokens, args.blimp_files, args.train_steps, args.before, args.rounds = 2000, 1, 1, True, 1
     if args.before_blimp_files is None:
         args.before_blimp_files = args.blimp_files
     return args
@@ -254,6 +260,19 @@ def _ratio(a, b):
     return a / b if a is not None and b else None
 
 
+def _median_row(rows: list[dict]) -> dict:
+    """One model's figures over ``--rounds`` rounds: the median of every number (the rounds'
+    own values under ``per_round``, with each round's scoring / training ratio)."""
+    row = {key: statistics.median(r[key] for r in rows) if isinstance(rows[0][key], (int, float)) else rows[0][key]
+           for key in rows[0]}
+    row["per_round"] = {key: [r[key] for r in rows] for key in ("train_tokens_per_s", "train_step_s",
+                                                                 "score_tokens_per_s", "blimp_tokens_per_s")
+                        if key in rows[0]}
+    if "train_tokens_per_s" in rows[0]:
+        row["per_round"]["score_vs_train"] = [r["score_tokens_per_s"] / r["train_tokens_per_s"] for r in rows]
+    return row
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     if args.child:
@@ -265,15 +284,20 @@ def main(argv=None) -> dict:
     figures = {"settings": {"eval_tokens": args.eval_tokens, "blimp_files": args.blimp_files,
                             "before_blimp_files": args.before_blimp_files, "train_steps": args.train_steps,
                             "width": args.width, "layers": args.layers, "workdir": str(args.workdir),
-                            "exact_run": str(args.exact_run), "quick": args.quick}}
+                            "exact_run": str(args.exact_run), "quick": args.quick, "rounds": args.rounds}}
     measurements = ["train", "score", "blimp"] + (["before_score", "before_blimp"] if args.before else [])
+    rounds = {kind: [] for kind in args.models}
+    for round_ in range(args.rounds):          # models interleaved round by round: load drifts hit each alike
+        for kind in args.models:
+            row, wanted = {}, [m for m in measurements if not (m == "train" and kind == "exact")]   # exact: solved
+            # --quick: one process per model (its peak RSS figures are then that process's, cumulative)
+            for group in ([",".join(wanted)] if args.quick else wanted):
+                row.update(_run_child(kind, group, argv))
+                print(f"  round {round_ + 1}/{args.rounds}  {kind:<11} {group:<13} done  "
+                      f"(load {os.getloadavg()[0]:.1f})", flush=True)
+            rounds[kind].append(row)
     for kind in args.models:
-        row, wanted = {}, [m for m in measurements if not (m == "train" and kind == "exact")]   # exact: solved
-        # --quick: one process per model (its peak RSS figures are then that process's, cumulative)
-        for group in ([",".join(wanted)] if args.quick else wanted):
-            row.update(_run_child(kind, group, argv))
-            print(f"  {kind:<11} {group:<13} done  (load {os.getloadavg()[0]:.1f})", flush=True)
-        figures[kind] = row
+        figures[kind] = _median_row(rounds[kind])
     train_reference = figures.get("transformer", {}).get("train_tokens_per_s")
     for kind in args.models:
         row = figures[kind]
@@ -289,6 +313,8 @@ def main(argv=None) -> dict:
         residual, plain = figures["residual"], figures["transformer"]
         figures["residual_vs_transformer"] = {
             "train_step_ratio": _ratio(residual.get("train_step_s"), plain.get("train_step_s")),
+            "train_step_ratio_per_round": [_ratio(r, p) for r, p in zip(residual["per_round"].get("train_step_s", []),
+                                                                        plain["per_round"].get("train_step_s", []))],
             "train_peak_rss_ratio": _ratio(residual.get("train_peak_rss_mb"), plain.get("train_peak_rss_mb")),
             "score_peak_rss_ratio": _ratio(residual.get("score_peak_rss_mb"), plain.get("score_peak_rss_mb"))}
     figures["load"] = {"load_average_1min_start": started_load[0], "load_average_1min_end": os.getloadavg()[0],
@@ -323,6 +349,14 @@ def print_table(figures: dict, args) -> None:
     for kind in args.models:
         row = figures[kind]
         print(f"{kind:<12}" + "".join(f"{cell(row.get(key), form):>16}" for _, key, form in columns))
+    if args.rounds > 1:
+        for kind in args.models:
+            ratios = figures[kind]["per_round"].get("score_vs_train")
+            if ratios:
+                print(f"{kind}: scoring ×train per round {', '.join(f'{r:.2f}' for r in ratios)}")
+        steps = figures.get("residual_vs_transformer", {}).get("train_step_ratio_per_round")
+        if steps:
+            print(f"residual / transformer step time per round {', '.join(f'{r:.2f}' for r in steps)}")
     settings = figures["settings"]
     print(f"\ndev tokens scored: {figures[args.models[0]].get('score_tokens')}, BLiMP pairs: "
           f"{figures[args.models[0]].get('blimp_pairs')} ({settings['blimp_files'] or 'all'} files); "

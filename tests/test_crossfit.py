@@ -15,7 +15,7 @@ from saffu.data.folds import complement, fold_documents, fold_targets, fold_wind
 from saffu.data.tokenizer import EOD_ID
 from saffu.data.workdir import open_workdir
 from saffu.models.exact import exact_logits
-from saffu.models.interface import model_logits
+from saffu.models.interface import model_logits, target_nll
 from saffu.training.checkpoints import load_explicit, save_explicit_run
 from saffu.training.recipes import residual_start, solve_folds
 from saffu.training.trainer import BatchSchedule
@@ -116,11 +116,19 @@ def test_step_zero_is_each_folds_exact_model_on_that_folds_windows(tiny_workdir,
         np.testing.assert_allclose(np.asarray(got), np.asarray(expected), atol=1e-5)
         whole = jax.nn.log_softmax(exact_logits(start["explicit"], config, tokens), axis=-1)
         np.testing.assert_allclose(np.asarray(model_logits(model, start, tokens)), np.asarray(whole), atol=1e-5)
+        # the training loss (target_nll: the fold's lookup at the targets only) is that fold's NLL
+        context = model.context
+        picked = np.take_along_axis(np.asarray(expected, np.float64)[:, context - 1:-1],
+                                    np.asarray(windows)[:, context:, None], axis=-1)[..., 0]
+        nll = target_nll({**start, "fold": jnp.int32(fold)}, model, tokens, jnp.asarray(mask))
+        np.testing.assert_allclose(np.asarray(nll), -picked, atol=1e-5)
     # no gradient reaches any table
-    loss = lambda p: model_logits(model, {**start, **p, "fold": jnp.int32(1)}, tokens)[..., 3].sum()
-    grads = jax.grad(loss, allow_int=True)({"folds": start["folds"], "explicit": start["explicit"]})
-    assert all(float(jnp.abs(g).max()) == 0.0 for g in jax.tree.leaves(grads)
-               if jnp.issubdtype(g.dtype, jnp.floating))
+    looked_up = lambda p: model_logits(model, {**start, **p, "fold": jnp.int32(1)}, tokens)[..., 3].sum()
+    trained = lambda p: target_nll({**start, **p, "fold": jnp.int32(1)}, model, tokens, jnp.asarray(mask)).sum()
+    for loss in (looked_up, trained):
+        grads = jax.grad(loss, allow_int=True)({"folds": start["folds"], "explicit": start["explicit"]})
+        assert all(float(jnp.abs(g).max()) == 0.0 for g in jax.tree.leaves(grads)
+                   if jnp.issubdtype(g.dtype, jnp.floating))
 
 
 @pytest.mark.slow   # an exact solve, two fold solves, a short training and its score: about 30 s

@@ -1,5 +1,7 @@
 """Bounded evaluation scores whole documents from the whole split, with exact bytes and words."""
 
+import os
+
 import jax
 import numpy as np
 import pytest
@@ -41,6 +43,24 @@ def test_a_sample_is_whole_documents_spread_over_the_split_with_their_counts(tin
     assert ranges[-1][1] > len(stream) // 2                              # not only the start of the split
     assert counts["bytes"] == sum(len(text.encode()) + 1 for text in texts)
     assert counts["words"] == sum(len(text.split()) + 1 for text in texts)
+
+
+def test_a_split_is_decoded_once_per_process_until_its_tokens_change(tiny_workdir, tmp_path, monkeypatch):
+    import shutil
+
+    from saffu.data import workdir as wd
+    copy = wd.open_workdir(shutil.copytree(tiny_workdir.path, tmp_path / "copy"))
+    calls = []
+    decode = wd._document_text_counts
+    monkeypatch.setattr(wd, "_document_text_counts", lambda *a, **k: calls.append(a[1]) or decode(*a, **k))
+    want = copy.split_info("dev")["predicted_tokens"] // 3
+    first = copy.sample_documents("dev", want)
+    assert copy.sample_documents("dev", want) == first and copy.sample_documents("dev", want // 2)[1] != first[1]
+    assert calls == ["dev"]                                     # three samples, one decoding
+    tokens = copy.path / "tokens" / "dev.bin"
+    tokens.write_bytes(tokens.read_bytes())                     # the split written again: counted again
+    os.utime(tokens, ns=(1, 1))
+    assert copy.sample_documents("dev", want) == first and calls == ["dev", "dev"]
 
 
 def test_bounded_evaluation_equals_first_principles(tiny_workdir):

@@ -131,3 +131,12 @@ def test_every_link_into_the_repository_points_to_a_file():
                 if ROOT in resolved.parents and not resolved.exists():
                     missing.append(f"{path.relative_to(ROOT)}:{number}: {target}")
     assert not missing, "links to files that do not exist:\n" + "\n".join(missing)
+
+
+def test_the_headline_shows_the_sweeps_first_vocabulary_only(monkeypatch):
+    row = lambda start, vocab, bpb: {"start": start, "width": 128, "epochs": 1, "seed": 0, "vocab_size": vocab,
+                                     "dev_bpb": bpb, "finished": "2026-01-01T00:00:00"}
+    budgets = {"date": "2026-01-01", "figures": {"rows": [row("cold", 8192, 1.9111), row("cold", 30433, 1.8222)]}}
+    monkeypatch.setattr(render_results, "_load", lambda name: budgets if name == "budgets" else None)
+    block = render_results.headline_block()
+    assert "1.9111" in block and "1.8222" not in block

@@ -114,6 +114,16 @@ def test_tight_plan_covers_every_target_once():
     assert window_plan([(1, 5000)], 256, 4, True) == window_plan([(1, 5000)], 256, 4)   # a whole split: one shape
 
 
+def test_tight_plan_weighs_each_width_against_the_shapes_kept():
+    # 55 short ranges: each step up (32 -> 64 -> 128 -> 256) saves under TIGHT_SAVING alone,
+    # but scoring them at 32 instead of 256 saves 55 * 224 = 12,320 slots, worth a shape
+    ranges = [(1000 * i + 1, 1000 * i + 21) for i in range(55)] + [(100_000, 101_000)]
+    widths = [width for width, _ in window_plan(ranges, 256, 2, True)]
+    assert set(widths) == {256, 32}
+    slots = sum(width * len(batch) for width, batch in window_plan(ranges, 256, 2, True))
+    assert slots == 55 * 32 + 4 * 256
+
+
 @pytest.mark.parametrize("kind", ["transformer", "exact"])
 def test_dev_loss_equals_the_old_formula(tiny_workdir, models, kind):
     config, params = models[kind]

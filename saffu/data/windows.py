@@ -7,6 +7,8 @@ so jitted steps compile once.
 
 from __future__ import annotations
 
+import collections
+import itertools
 from collections.abc import Callable, Iterator
 
 import jax
@@ -58,9 +60,10 @@ def window_plan(ranges: list[tuple[int, int]], seq_len: int, batch_size: int,
 
     Without ``tight`` every window has ``T' = seq_len`` (in order). With it, the last window of
     a range holding ``n < seq_len`` targets has the least power of two ``≥ max(n, MIN_TIGHT)``
-    instead, so a sample of many short ranges scores little padding; a width whose windows
-    would save fewer than ``TIGHT_SAVING`` target slots against the next wider one is merged
-    into it (few shapes, few compilations: the whole split keeps one). A window keeps its start
+    instead, so a sample of many short ranges scores little padding; of those widths the plan
+    keeps the set whose target slots plus ``TIGHT_SAVING`` per extra shape are fewest, each
+    window taking the least kept width ≥ its own (few shapes, few compilations: the whole split
+    keeps one). A window keeps its start
     and context, and a causal model's outputs at its targets do not depend on positions after
     them, so the scores are unchanged."""
     windows = [(s, end) for begin, end in ranges for s in range(begin, end, seq_len)]
@@ -69,17 +72,31 @@ def window_plan(ranges: list[tuple[int, int]], seq_len: int, batch_size: int,
         for i, (s, end) in enumerate(windows):
             n = min(end - s, seq_len)
             widths[i] = min(seq_len, 1 << max(int(np.ceil(np.log2(max(n, 1)))), int(np.log2(MIN_TIGHT))))
-        sizes = sorted(set(widths))
-        for small, larger in zip(sizes, sizes[1:]):            # saves too little for a shape: into the next width
-            members = [i for i, w in enumerate(widths) if w == small]
-            if len(members) * (larger - small) < TIGHT_SAVING:
-                for i in members:
-                    widths[i] = larger
+        shapes = _tight_shapes(collections.Counter(widths), seq_len)
+        widths = [min(shape for shape in shapes if shape >= width) for width in widths]
     plan = []
     for width in sorted(set(widths), reverse=True):
         members = [window for window, w in zip(windows, widths) if w == width]
         plan += [(width, members[i:i + batch_size]) for i in range(0, len(members), batch_size)]
     return plan
+
+
+def _tight_shapes(natural: collections.Counter, seq_len: int) -> list[int]:
+    """The window widths :func:`window_plan` keeps: of every subset of the natural widths
+    (``natural``: width -> windows) that holds ``seq_len``, the one scoring the fewest target
+    slots (each window at the least kept width ≥ its own) plus :data:`TIGHT_SAVING` per extra
+    shape; the fewer shapes on a tie. At most ``log2(seq_len / MIN_TIGHT)`` narrower widths, so
+    every subset is tried."""
+    narrower = sorted(width for width in natural if width < seq_len)
+    best = None
+    for size in range(len(narrower) + 1):
+        for kept in itertools.combinations(narrower, size):
+            shapes = [*kept, seq_len]
+            slots = sum(count * min(shape for shape in shapes if shape >= width) for width, count in natural.items())
+            cost = (slots + TIGHT_SAVING * size, size)
+            if best is None or cost < best[0]:
+                best = (cost, shapes)
+    return best[1]
 
 
 def range_windows(stream: np.ndarray, ranges: list[tuple[int, int]], context: int, seq_len: int,

@@ -119,7 +119,7 @@ class WorkDir:
         lengths = last - first + 1                        # a document's tokens and its closing <eod>
         ranges = _select_documents(lengths, tokens, seed)
         chosen = np.concatenate([np.arange(a, b) for a, b in ranges])
-        per_doc, _ = _document_text_counts(self, split, stream, first, last, show_progress=False)
+        per_doc = _cached_text_counts(self, split, stream, first, last)
         counts = {"documents": len(chosen), "predicted_tokens": int(lengths[chosen].sum()),
                   **{key: int(values[chosen].sum()) for key, values in per_doc.items()}}
         return [(int(first[a]), int(last[b - 1]) + 1) for a, b in ranges], counts
@@ -424,6 +424,29 @@ def _select_documents(lengths: np.ndarray, want: int, seed: int) -> list[tuple[i
         chosen[int(np.argmin(np.abs(lengths - want)))] = True
     edges = np.diff(np.concatenate([[0], chosen.astype(np.int8), [0]]))
     return list(zip(np.flatnonzero(edges == 1).tolist(), np.flatnonzero(edges == -1).tolist()))
+
+
+#: Per-document text counts of recently sampled splits, keyed by the token file's path, size and
+#: modification time (a split prepared again is counted again): a process that samples a split
+#: again (every evaluation of a training run, a benchmark's second pass) decodes it once.
+_TEXT_COUNTS: dict[tuple, dict[str, np.ndarray]] = {}
+
+
+def _cached_text_counts(source: WorkDir, split: str, stream: np.ndarray, first: np.ndarray,
+                        last: np.ndarray) -> dict[str, np.ndarray]:
+    """:func:`_document_text_counts` of ``split`` (its per-document arrays, read-only), computed
+    once per process and token file (the last four splits are kept)."""
+    file = (source.path / "tokens" / f"{split}.bin").resolve()
+    status = file.stat()
+    key = (str(file), status.st_size, status.st_mtime_ns)
+    if key not in _TEXT_COUNTS:
+        counts, _ = _document_text_counts(source, split, stream, first, last, show_progress=False)
+        for values in counts.values():
+            values.flags.writeable = False
+        while len(_TEXT_COUNTS) >= 4:
+            del _TEXT_COUNTS[next(iter(_TEXT_COUNTS))]
+        _TEXT_COUNTS[key] = counts
+    return _TEXT_COUNTS[key]
 
 
 def _document_text_counts(source: WorkDir, split: str, stream: np.ndarray, first: np.ndarray,

@@ -152,6 +152,19 @@ def _local_target_logits(params: Params, config, tokens: jax.Array, context: int
     return model_logits(config, params, head)[:, radius - 1:]
 
 
+def _explicit_target_logits(params: Params, config, windows: jax.Array, context: int) -> jax.Array:
+    """A residual's explicit logits (gradient stopped, no log-softmax) predicting
+    ``windows[:, context:]``: ``float32[B, T, V]``. With a ``"fold"`` input (a cross-fitted
+    training step) that fold's tables, chosen by ``lax.switch`` (only its lookup runs); otherwise
+    the whole split's."""
+    lookup = lambda tables, windows: _local_target_logits(jax.tree.map(jax.lax.stop_gradient, tables),
+                                                           config.explicit, windows, context).astype(jnp.float32)
+    if "fold" in params:
+        branches = [lambda windows, tables=tables: lookup(tables, windows) for tables in params["folds"]]
+        return jax.lax.switch(params["fold"], branches, windows)
+    return lookup(params["explicit"], windows)
+
+
 def target_logits(params: Params, config, windows: jax.Array, context: int | None = None,
                   positions: jax.Array | None = None) -> jax.Array:
     """Logits predicting ``windows[:, context:]`` (``context`` defaults to ``config.context``):
@@ -169,15 +182,14 @@ def target_logits(params: Params, config, windows: jax.Array, context: int | Non
                                               else positions[:, :-1], predict_from=context - 1)
     if kind == "exact":
         return _local_target_logits(params, config, windows, context)
-    if kind == "residual" and "fold" not in params:
+    if kind == "residual":
         from saffu.models.residual import base_params
         trained = target_logits(base_params(params, config), config.base, windows, context, positions)
         if "scale" not in params:
             return trained
         # λ · e + f: the explicit part's log-softmax shifts each position's logits by a constant,
         # which the NLL's own normalisation cancels (log-probabilities are unchanged)
-        frozen = jax.tree.map(jax.lax.stop_gradient, params["explicit"])
-        explicit = _local_target_logits(frozen, config.explicit, windows, context).astype(jnp.float32)
+        explicit = _explicit_target_logits(params, config, windows, context)
         return params["scale"].astype(jnp.float32) * explicit + trained.astype(jnp.float32)
     if positions is not None and kind == "external":
         raise SaffuError("a model that brings its own logits cannot be given token positions")
