@@ -40,6 +40,7 @@ from saffu.configs import (
 )
 from saffu.data.folds import complement, fold_documents
 from saffu.data.workdir import WorkDir, subset_workdir
+from saffu.models.exact import compact_tables
 from saffu.models.interface import model_init
 from saffu.models.residual import with_explicit
 from saffu.training.checkpoints import (
@@ -138,6 +139,14 @@ def solve_folds(source: WorkDir, config: ExactConfig, folds: int, out: str | Pat
     return runs, fingerprints, seconds
 
 
+def _compact_explicit(run: str | Path, config, expect: str = "") -> tuple[Params, str]:
+    """One exact run's tables as the residual holds them (:func:`compact_tables`) and the
+    fingerprint of the tables as saved: each run's padded tables are dropped before the next is
+    read, so loading a cross-fitted residual never holds every run's padded tables at once."""
+    tables = load_explicit(run, config, expect)
+    return compact_tables(tables), expect or tree_fingerprint(tables)
+
+
 def residual_start(base, explicit_run: str | Path, key: jax.Array, scale: str = "fixed", anneal_share: float = 0.5,
                    fold_runs: tuple[str, ...] = (), fold_blocks: int = FOLD_BLOCKS,
                    config: ResidualConfig | None = None) -> tuple[ResidualConfig, Params]:
@@ -150,19 +159,19 @@ def residual_start(base, explicit_run: str | Path, key: jax.Array, scale: str = 
         explicit_config = load_run_config(explicit_run)
         if explicit_config.kind != "exact":
             raise SaffuError(f"{explicit_run} holds a {explicit_config.kind}; a residual needs a `saffu exact` run")
-        explicit = load_explicit(explicit_run, explicit_config)
-        folds = [load_explicit(run, explicit_config) for run in fold_runs]
         if any(load_run_config(run) != explicit_config for run in fold_runs):
             raise SaffuError(f"a fold run holds another exact model than {explicit_run}; solve the folds again")
+        (explicit, explicit_sha256), *folds = [_compact_explicit(run, explicit_config)
+                                               for run in (explicit_run, *fold_runs)]
         config = ResidualConfig(base, explicit_config, str(Path(explicit_run).resolve()), scale=scale,
-                                anneal_share=anneal_share, explicit_sha256=tree_fingerprint(explicit),
+                                anneal_share=anneal_share, explicit_sha256=explicit_sha256,
                                 folds=len(fold_runs), fold_blocks=fold_blocks,
                                 fold_runs=tuple(str(Path(run).resolve()) for run in fold_runs),
-                                fold_sha256=tuple(tree_fingerprint(tables) for tables in folds))
+                                fold_sha256=tuple(sha for _, sha in folds))
     else:
-        explicit = load_explicit(config.explicit_run, config.explicit, config.explicit_sha256)
-        folds = [load_explicit(run, config.explicit, sha) for run, sha in zip(config.fold_runs, config.fold_sha256)]
-    params = with_explicit(model_init(config, key), explicit, folds if config.folds else None)
+        explicit, _ = _compact_explicit(config.explicit_run, config.explicit, config.explicit_sha256)
+        folds = [_compact_explicit(run, config.explicit, sha) for run, sha in zip(config.fold_runs, config.fold_sha256)]
+    params = with_explicit(model_init(config, key), explicit, [tables for tables, _ in folds] if config.folds else None)
     return config, params
 
 
