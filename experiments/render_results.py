@@ -76,9 +76,49 @@ windows: that evaluation's loss on 128 evenly spaced dev windows — the train�
 difference.
 
 {f['table']}
-{_crossfit_gaps(f['rows'])}
+{_budget_reading(f['rows'])}{_crossfit_gaps(f['rows'])}
 ![dev loss against compute]({Path(f['plot']).name})
 """
+
+
+#: The compute multiplier the issue asks of the best explicit start at every budget.
+MULTIPLIER_BAR = 2.0
+
+
+def _budget_reading(rows: list[dict]) -> str:
+    """Per vocabulary and width (seed 0): the best explicit start's multiplier at each budget,
+    where it falls below :data:`MULTIPLIER_BAR` (or only its lower bound does), and the cold and
+    explicit-init train–dev gaps per budget (the evidence of why)."""
+    lines = []
+    groups = sorted({(r["vocab_size"], r["width"]) for r in rows})
+    for vocab, width in groups:
+        mine = [r for r in rows if (r["vocab_size"], r["width"], r["seed"]) == (vocab, width, 0)]
+        budgets, parts, short = sorted({r["epochs"] for r in mine}), [], []
+        for epochs in budgets:
+            explicit = [r for r in mine if r["epochs"] == epochs and "multiplier" in r]
+            if not explicit:
+                continue
+            best = max(explicit, key=lambda r: r["multiplier"])
+            bound = {"beyond": "≥ ", "before": "≤ "}.get(best.get("multiplier_is"), "")
+            parts.append(f"{epochs} epoch{'s' * (epochs > 1)} {bound}{best['multiplier']:.2f}× ({best['start']})")
+            if best["multiplier"] < MULTIPLIER_BAR:
+                short.append(f"{epochs} epoch{'s' * (epochs > 1)}" + (" (only a lower bound is known: no cold run "
+                                                                       "of the sweep reaches its loss)" if bound == "≥ " else ""))
+        if not parts:
+            continue
+        line = f"* V {vocab:,}, width {width}: the best explicit start's multiplier is {', '.join(parts)}."
+        if short:
+            line += f" Below {MULTIPLIER_BAR:g}× at {', '.join(short)}."
+        gaps = []
+        for start in ("cold", "explicit-init"):
+            runs = sorted((r for r in mine if r["start"] == start), key=lambda r: r["epochs"])
+            if len(runs) > 1:
+                gaps.append(f"{start} " + " / ".join(f"{r['last_dev_window_loss'] - r['train_loss']:.3f}" for r in runs)
+                            + f" nats at {' / '.join(str(r['epochs']) for r in runs)} epochs")
+        if gaps:
+            line += " Train–dev gap: " + "; ".join(gaps) + "."
+        lines.append(line)
+    return ("\nWhat the sweep says so far (seed 0):\n\n" + "\n".join(lines) + "\n") if lines else ""
 
 
 def _crossfit_gaps(rows: list[dict]) -> str:
