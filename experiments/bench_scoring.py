@@ -53,6 +53,10 @@ def parse_args(argv=None):
                         help="dev tokens scored (whole documents spread over the split; 0: the whole split)")
     parser.add_argument("--train-steps", type=int, default=8,
                         help="timed training steps (after two compiling ones; the median is kept)")
+    parser.add_argument("--step-rounds", type=int, default=20,
+                        help="with the transformer and the residual: their training steps timed alternately in "
+                             "one process for this many rounds (experiments/bench_residual.py, with each one's "
+                             "peak RSS); 0: skip")
     parser.add_argument("--rounds", type=int, default=1,
                         help="measure every model this many times, the models interleaved round by round, and "
                              "keep the medians (a shared machine's load drifts during a run)")
@@ -71,6 +75,7 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if args.quick:
         args.eval_tokens, args.blimp_files, args.train_steps, args.before, args.rounds = 2000, 1, 1, True, 1
+        args.step_rounds = min(args.step_rounds, 2)
     if args.before_blimp_files is None:
         args.before_blimp_files = args.blimp_files
     return args
@@ -256,6 +261,23 @@ def _child_argv(args) -> list[str]:
     return argv
 
 
+def _alternating_steps(args) -> dict:
+    """``experiments/bench_residual.py``: the transformer's and the residual's training steps
+    timed alternately in one process (``--step-rounds`` rounds, the same batches), and each
+    one's peak RSS in a process of its own; its figures."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "steps.json"
+        command = [sys.executable, str(ROOT / "experiments" / "bench_residual.py"), "--workdir", str(args.workdir),
+                   "--exact-run", str(args.exact_run), "--width", str(args.width), "--layers", str(args.layers),
+                   "--rounds", str(args.step_rounds), "--metrics-json", str(out)]
+        done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+        if done.returncode or not out.exists():
+            sys.stderr.write(done.stderr[-4000:])
+            raise SystemExit(f"bench_residual.py failed (exit {done.returncode})")
+        return json.loads(out.read_text())
+
+
 def _ratio(a, b):
     return a / b if a is not None and b else None
 
@@ -309,6 +331,9 @@ def main(argv=None) -> dict:
             row["blimp_speedup"] = _ratio(row.get("blimp_tokens_per_s"), row.get("before_blimp_tokens_per_s"))
             row["before_score_vs_train"] = _ratio(row.get("before_score_tokens_per_s"), reference)
             row["before_blimp_vs_train"] = _ratio(row.get("before_blimp_tokens_per_s"), reference)
+    if "residual" in figures and "transformer" in figures and args.step_rounds:
+        figures["residual_step"] = _alternating_steps(args)
+        print(f"  alternating training steps done  (load {os.getloadavg()[0]:.1f})", flush=True)
     if "residual" in figures and "transformer" in figures:
         residual, plain = figures["residual"], figures["transformer"]
         figures["residual_vs_transformer"] = {
@@ -317,6 +342,12 @@ def main(argv=None) -> dict:
                                                                         plain["per_round"].get("train_step_s", []))],
             "train_peak_rss_ratio": _ratio(residual.get("train_peak_rss_mb"), plain.get("train_peak_rss_mb")),
             "score_peak_rss_ratio": _ratio(residual.get("score_peak_rss_mb"), plain.get("score_peak_rss_mb"))}
+        if "residual_step" in figures:        # the alternating measurement: one process, the same batches
+            step = figures["residual_step"]
+            figures["residual_vs_transformer"].update(
+                alternating_step_ratio=step["step_time_ratio"],
+                alternating_step_ratio_of_minima=step["step_time_ratio_of_minima"],
+                alternating_rounds=step["rounds"], peak_rss_extra_gb=step.get("peak_rss_extra_gb"))
     figures["load"] = {"load_average_1min_start": started_load[0], "load_average_1min_end": os.getloadavg()[0],
                        "load_average_5min_end": os.getloadavg()[1], "cores": os.cpu_count()}
     figures["wall_seconds"] = time.time() - started
@@ -357,6 +388,11 @@ def print_table(figures: dict, args) -> None:
         steps = figures.get("residual_vs_transformer", {}).get("train_step_ratio_per_round")
         if steps:
             print(f"residual / transformer step time per round {', '.join(f'{r:.2f}' for r in steps)}")
+    versus = figures.get("residual_vs_transformer", {})
+    if "alternating_step_ratio" in versus:
+        print(f"residual / transformer, steps alternating in one process ({versus['alternating_rounds']} rounds): "
+              f"×{versus['alternating_step_ratio']:.3f} median, ×{versus['alternating_step_ratio_of_minima']:.3f} "
+              f"of minima; peak RSS +{versus['peak_rss_extra_gb']:.2f} GB")
     settings = figures["settings"]
     print(f"\ndev tokens scored: {figures[args.models[0]].get('score_tokens')}, BLiMP pairs: "
           f"{figures[args.models[0]].get('blimp_pairs')} ({settings['blimp_files'] or 'all'} files); "

@@ -309,7 +309,22 @@ model's training tokens/s (the exact model, which is solved, over the transforme
 The residual against the plain transformer: training step time ×{ratio['train_step_ratio']:.2f}, training
 peak RSS ×{ratio['train_peak_rss_ratio']:.2f} ({f['residual']['train_peak_rss_mb']:,.0f} against
 {f['transformer']['train_peak_rss_mb']:,.0f} MB), scoring peak RSS ×{ratio['score_peak_rss_ratio']:.2f}.
-"""
+{_alternating(f)}"""
+
+
+def _alternating(f: dict) -> str:
+    """The residual's training step against the transformer's, timed alternately in one process."""
+    ratio = f["residual_vs_transformer"]
+    if "alternating_step_ratio" not in ratio:
+        return ""
+    step = f["residual_step"]
+    return (f"\nTimed alternately in one process (`experiments/bench_residual.py`, {ratio['alternating_rounds']} rounds of one "
+            f"step each on the same batches, so load drifts hit both alike): the residual's step takes "
+            f"×{ratio['alternating_step_ratio']:.3f} the transformer's (median; ×{ratio['alternating_step_ratio_of_minima']:.3f} "
+            f"of the minima; {step['median_step_seconds']['residual']:.2f} against "
+            f"{step['median_step_seconds']['transformer']:.2f} s), and its peak RSS is "
+            f"{step['peak_rss_gb']['residual']:.2f} GB against {step['peak_rss_gb']['transformer']:.2f} GB "
+            f"(+{ratio['peak_rss_extra_gb']:.2f} GB), each measured in a process of its own.\n")
 
 
 def mm_shape(f: dict) -> str:
@@ -391,8 +406,13 @@ def speed_block() -> str:
         f = scoring["figures"]
         for key, label in (("transformer", "transformer"), ("residual", "explicit residual")):
             m = f[key]
+            step = ""
+            versus = f.get("residual_vs_transformer", {})
+            if key == "residual" and "alternating_step_ratio" in versus:
+                step = (f"; a training step ×{versus['alternating_step_ratio']:.2f} the transformer's, peak RSS "
+                        f"+{versus['peak_rss_extra_gb']:.2f} GB")
             lines.append(f"* {label}: dev scoring {m['score_vs_train']:.1f}× and BLiMP {m['blimp_vs_train']:.1f}× its "
-                         f"training tokens/s ({scoring['date']}, [bench_scoring](docs/results/bench_scoring.md))")
+                         f"training tokens/s{step} ({scoring['date']}, [bench_scoring](docs/results/bench_scoring.md))")
     stats = _load("bench_stats")
     if stats:
         f = stats["figures"]

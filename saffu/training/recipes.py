@@ -27,7 +27,7 @@ from pathlib import Path
 
 import jax
 
-from saffu._io import SaffuError, tree_fingerprint
+from saffu._io import SaffuError, release_free_memory, tree_fingerprint
 from saffu.configs import (
     EXPLICIT_PIECES,
     FOLD_BLOCKS,
@@ -172,6 +172,7 @@ def residual_start(base, explicit_run: str | Path, key: jax.Array, scale: str = 
         explicit, _ = _compact_explicit(config.explicit_run, config.explicit, config.explicit_sha256)
         folds = [_compact_explicit(run, config.explicit, sha) for run, sha in zip(config.fold_runs, config.fold_sha256)]
     params = with_explicit(model_init(config, key), explicit, [tables for tables, _ in folds] if config.folds else None)
+    release_free_memory()           # the padded tables and the restore's buffers, no longer held
     return config, params
 
 
