@@ -140,21 +140,33 @@ def table_rows(group: Params, ids: jax.Array) -> jax.Array:
     return row.at[jnp.arange(ids.shape[0])[:, None], columns].add(values, mode="drop")
 
 
-def exact_logits(params: Params, config: ExactConfig, tokens: jax.Array) -> jax.Array:
+def exact_logits(params: Params, config: ExactConfig, tokens: jax.Array, *, first: int = 0,
+                 base: jax.Array | None = None, scale: jax.Array | float = 1.0) -> jax.Array:
     """Next-token logits at every position: ``tokens int32[B, S]`` -> ``float32[B, S, V]``.
 
     ``log p + Σ_g β_g · L_g`` built in one ``[B·S, V]`` buffer: the per-position scalars (each
     group's ``β_g · const_g``) and ``V``-vectors (Kneser-Ney shifts, dense rows of frequent
     contexts) in one elementwise pass, then every group's seen entries (scaled by ``β_g``) in one
-    scatter-add — no per-group ``V``-wide row is ever materialised."""
+    scatter-add — no per-group ``V``-wide row is ever materialised.
+
+    ``first``: only positions ``first …`` (``float32[B, S − first, V]``; the earlier tokens are
+    read as their context). ``base float32[B, S − first, V]`` and ``scale`` (a scalar): the
+    result is ``base + scale · logits``, built in the same buffer (a residual's combination with
+    no second ``V``-wide array)."""
     B, S = tokens.shape
     V = config.vocab_size
     ids, buckets = group_ids(params, config, tokens)
+    if first:
+        keep = lambda x: x.reshape(B, S)[:, first:].reshape(-1)
+        ids, buckets = [keep(x) for x in ids], [keep(x) for x in buckets]
+        S -= first
     offset = jnp.zeros(B * S, jnp.float32)
-    logits = params["log_prior"][None, :]
+    logits = scale * params["log_prior"][None, :]
+    if base is not None:
+        logits = base.reshape(B * S, V).astype(jnp.float32) + logits
     columns, values = [], []
     for g, (group, group_ids_, bucket) in enumerate(zip(params["groups"], ids, buckets)):
-        weight = params["beta"][g, bucket]                                    # float32[B·S]
+        weight = scale * params["beta"][g, bucket]                            # float32[B·S]
         offset = offset + weight * group["const"][group_ids_]
         if "shift" in group:              # every context but the "never counted" sentinel
             counted = group_ids_ < group["const"].shape[0] - 1

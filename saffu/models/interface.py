@@ -140,29 +140,37 @@ def positional(config) -> bool:
     return kind == "transformer" or (kind == "residual" and positional(config.base))
 
 
-def _local_target_logits(params: Params, config, tokens: jax.Array, context: int) -> jax.Array:
+def _local_target_logits(params: Params, config, tokens: jax.Array, context: int,
+                         base: jax.Array | None = None, scale: jax.Array | float = 1.0) -> jax.Array:
     """The logits predicting ``tokens[:, context:]`` of a model whose prediction at ``p`` reads
     only ``tokens[p − config.context + 1 … p]`` inside its document (the exact model): run on
     that slice of the window alone (``<pad>`` on the left where the window holds fewer tokens of
-    context), so no position before the targets is computed: ``float32[B, S − context, V]``."""
+    context), its ``V``-wide rows at the predicting positions only: ``float32[B, S − context, V]``;
+    with ``base`` (that shape) and ``scale``, ``base + scale · logits``."""
     radius = config.context
     head = tokens[:, max(context - radius, 0):-1]
     if radius > context:
         head = jnp.pad(head, ((0, 0), (radius - context, 0)), constant_values=PAD_ID)
-    return model_logits(config, params, head)[:, radius - 1:]
+    if _kind(config) == "exact":
+        return exact.exact_logits(params, config, head, first=radius - 1, base=base, scale=scale)
+    logits = model_logits(config, params, head)[:, radius - 1:]
+    return logits if base is None else base + scale * logits
 
 
-def _explicit_target_logits(params: Params, config, windows: jax.Array, context: int) -> jax.Array:
-    """A residual's explicit logits (gradient stopped, no log-softmax) predicting
-    ``windows[:, context:]``: ``float32[B, T, V]``. With a ``"fold"`` input (a cross-fitted
-    training step) that fold's tables, chosen by ``lax.switch`` (only its lookup runs); otherwise
-    the whole split's."""
-    lookup = lambda tables, windows: _local_target_logits(jax.tree.map(jax.lax.stop_gradient, tables),
-                                                           config.explicit, windows, context).astype(jnp.float32)
+def _explicit_target_logits(params: Params, config, windows: jax.Array, context: int,
+                            trained: jax.Array) -> jax.Array:
+    """A residual's ``trained + λ · e`` predicting ``windows[:, context:]``: ``float32[B, T, V]``,
+    ``e`` its explicit logits (tables' gradient stopped, no log-softmax) added into
+    ``trained float32[B, T, V]`` (``f_θ``'s logits). With a ``"fold"`` input (a cross-fitted
+    training step) that fold's tables, chosen by ``lax.switch`` (only its lookup runs);
+    otherwise the whole split's."""
+    scale = params["scale"].astype(jnp.float32)
+    lookup = lambda tables, windows, trained, scale: _local_target_logits(
+        jax.tree.map(jax.lax.stop_gradient, tables), config.explicit, windows, context, trained, scale)
     if "fold" in params:
-        branches = [lambda windows, tables=tables: lookup(tables, windows) for tables in params["folds"]]
-        return jax.lax.switch(params["fold"], branches, windows)
-    return lookup(params["explicit"], windows)
+        branches = [lambda *args, tables=tables: lookup(tables, *args) for tables in params["folds"]]
+        return jax.lax.switch(params["fold"], branches, windows, trained, scale)
+    return lookup(params["explicit"], windows, trained, scale)
 
 
 def target_logits(params: Params, config, windows: jax.Array, context: int | None = None,
@@ -188,9 +196,9 @@ def target_logits(params: Params, config, windows: jax.Array, context: int | Non
         if "scale" not in params:
             return trained
         # λ · e + f: the explicit part's log-softmax shifts each position's logits by a constant,
-        # which the NLL's own normalisation cancels (log-probabilities are unchanged)
-        explicit = _explicit_target_logits(params, config, windows, context)
-        return params["scale"].astype(jnp.float32) * explicit + trained.astype(jnp.float32)
+        # which the NLL's own normalisation cancels (log-probabilities are unchanged); f is the
+        # buffer the explicit part is added into
+        return _explicit_target_logits(params, config, windows, context, trained.astype(jnp.float32))
     if positions is not None and kind == "external":
         raise SaffuError("a model that brings its own logits cannot be given token positions")
     return model_logits(config, params, windows)[:, context - 1:-1]
