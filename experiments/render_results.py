@@ -296,7 +296,7 @@ Generated from [`results/bench_scoring.json`](../../results/bench_scoring.json) 
 
 Width {settings['width']}, {settings['layers']} layers, on `{Path(settings['workdir']).name}`; the exact model and the
 residual's explicit part are the `saffu exact` run of the whole training split. Each figure is measured in its own
-process. Dev scoring: {f['transformer']['score_tokens']:,} dev targets of whole documents, old path → new path
+process{_rounds(settings)}. Dev scoring: {f['transformer']['score_tokens']:,} dev targets of whole documents, old path → new path
 (the second of two identical runs, so no compilation is timed). BLiMP: all
 {f['transformer']['blimp_pairs']:,} pairs of the paradigm files present; its old path was timed on
 {settings['before_blimp_files']} files, so "old" is that subset's tokens/s. In brackets: tokens/s over the
@@ -310,6 +310,12 @@ The residual against the plain transformer: training step time ×{ratio['train_s
 peak RSS ×{ratio['train_peak_rss_ratio']:.2f} ({f['residual']['train_peak_rss_mb']:,.0f} against
 {f['transformer']['train_peak_rss_mb']:,.0f} MB), scoring peak RSS ×{ratio['score_peak_rss_ratio']:.2f}.
 {_alternating(f)}"""
+
+
+def _rounds(settings: dict) -> str:
+    """How many rounds a bench_scoring figure is the median of (runs before ``--rounds``: one)."""
+    rounds = settings.get("rounds", 1)
+    return f", the median of {rounds} rounds (the models interleaved round by round)" if rounds > 1 else ""
 
 
 def _alternating(f: dict) -> str:
