@@ -80,8 +80,9 @@ def test_target_logits_with_less_context_and_positions(tiny_workdir, models, kin
     assert windows[0, eod] == 1
     short = windows[:, eod:]
     positions = np.arange(eod, windows.shape[1], dtype=np.int32)[None]
-    got = jax.nn.log_softmax(target_logits(params, config, jnp.asarray(short), 1, jnp.asarray(positions)))
-    want = jax.nn.log_softmax(model_logits(config, params, jnp.asarray(windows)))[:, eod:-1]
+    targeted = jax.jit(target_logits, static_argnums=(1, 3))              # compiled: eager dispatch is slow
+    got = jax.nn.log_softmax(targeted(params, config, jnp.asarray(short), 1, jnp.asarray(positions)))
+    want = jax.nn.log_softmax(jax.jit(model_logits, static_argnums=0)(config, params, jnp.asarray(windows)))[:, eod:-1]
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5)
 
 

@@ -188,8 +188,10 @@ def test_greedy_generation_continues_the_prompt_as_a_whole_sequence_forward_does
     assert cached(config, 20) == (kind == "transformer")
     tokenizer, prompt = tiny_workdir.tokenizer(), "the cat"
     sequence = [EOD_ID, *tokenizer.encode(prompt).ids]
+    forward = jax.jit(lambda tokens: model_logits(config, params, tokens))     # one shape: compiled once
     for _ in range(6):
-        logits = np.asarray(model_logits(config, params, jnp.asarray([sequence], jnp.int32)), np.float64)[0, -1]
+        padded = sequence + [PAD_ID] * (16 - len(sequence))                   # causal: the pads come after
+        logits = np.asarray(forward(jnp.asarray([padded], jnp.int32)), np.float64)[0, len(sequence) - 1]
         logits[PAD_ID] = -np.inf
         token = int(np.argmax(logits))
         if token == EOD_ID:
