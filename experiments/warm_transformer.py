@@ -231,16 +231,18 @@ def report(out: Path) -> dict:
     if not results:
         raise SystemExit(f"no finished runs under {out / 'runs'}")
     rows, lines = [], []
-    fractions = sorted({r["fraction"] for r in results})
+    # one group per data fraction, budget and width: runs of other budgets are not more seeds
+    setting = lambda r: (r["fraction"], r.get("epochs", 1), r.get("width", 128))
+    settings = sorted({setting(r) for r in results})
     record = out / "probe" / "choice.json"
     probes = json.loads(record.read_text()) if record.exists() else {}      # the learning-rate probes so far
     chosen = {variant: entry["learning_rate"] for variant, entry in probes.items()}
     rate_of = lambda variant: chosen.get(variant, DEFAULT_LR)
-    lines.append("| data | variant | learning rate | seeds | trained params | dev bits/byte (mean ± sd) | dev loss | "
-                 "steps to target | seconds to target (solve incl.) | FLOPs to target |")
-    lines.append("|---|---|---|---|---|---|---|---|---|---|")
-    for fraction in fractions:
-        here = [r for r in results if r["fraction"] == fraction]
+    lines.append("| data | epochs | width | variant | learning rate | seeds | trained params | dev bits/byte (mean ± sd) | "
+                 "dev loss | steps to target | seconds to target (solve incl.) | FLOPs to target |")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for fraction, epochs, width in settings:
+        here = [r for r in results if setting(r) == (fraction, epochs, width)]
         # the target: the cold start at its own (probed) rate, else at any rate it was run at
         cold = ([r for r in here if r["variant"] == "cold" and r["learning_rate"] == rate_of("cold")]
                 or [r for r in here if r["variant"] == "cold"])
@@ -254,7 +256,8 @@ def report(out: Path) -> dict:
                                              key=lambda pair: (VARIANTS.index(pair[0]), pair[1])):
             group = [r for r in here if r["variant"] == variant and r["learning_rate"] == learning_rate]
             bpb = [r["dev_bpb"] for r in group]
-            row = {"fraction": fraction, "variant": variant, "learning_rate": learning_rate,
+            row = {"fraction": fraction, "epochs": epochs, "width": width, "variant": variant,
+                   "learning_rate": learning_rate,
                    "probe_choice": variant in chosen and chosen[variant] == learning_rate,
                    "seeds": [r["seed"] for r in group],
                    "trained_params": group[0]["trained_params"], "dev_bpb_mean": float(np.mean(bpb)),
@@ -281,7 +284,8 @@ def report(out: Path) -> dict:
             share = (lambda key, row=row: f"{row[key]:.0%}" if key in row and math.isfinite(row[key]) else "not reached")
             sd = f" ± {row['dev_bpb_sd']:.4f}" if len(group) > 1 else " (one seed)"
             rate = f"{learning_rate:g}" + (" (probed)" if row["probe_choice"] else "")
-            lines.append(f"| {fraction:.0%} | {variant} | {rate} | {len(group)} | {row['trained_params']:,} | "
+            lines.append(f"| {fraction:.0%} | {epochs} | {width} | {variant} | {rate} | {len(group)} | "
+                         f"{row['trained_params']:,} | "
                          f"{row['dev_bpb_mean']:.4f}{sd} | {row['dev_loss_mean']:.4f} | "
                          f"{share('steps_share')} | {share('seconds_share')} | {share('flops_share')} |")
     if probes:
