@@ -100,10 +100,11 @@ def _budget_reading(rows: list[dict]) -> str:
                 continue
             best = max(explicit, key=lambda r: r["multiplier"])
             bound = {"beyond": "≥ ", "before": "≤ "}.get(best.get("multiplier_is"), "")
-            parts.append(f"{epochs} epoch{'s' * (epochs > 1)} {bound}{best['multiplier']:.2f}× ({best['start']})")
+            budget = f"{epochs} epoch{'s' * (epochs > 1)}"
+            parts.append(f"{budget} {bound}{best['multiplier']:.2f}× ({best['start']})")
             if best["multiplier"] < MULTIPLIER_BAR:
-                short.append(f"{epochs} epoch{'s' * (epochs > 1)}" + (" (only a lower bound is known: no cold run "
-                                                                       "of the sweep reaches its loss)" if bound == "≥ " else ""))
+                short.append(budget + (" (only a lower bound is known: no cold run of the sweep reaches its loss)"
+                                       if bound == "≥ " else ""))
         if not parts:
             continue
         line = f"* V {vocab:,}, width {width}: the best explicit start's multiplier is {', '.join(parts)}."

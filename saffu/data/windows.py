@@ -93,8 +93,8 @@ def _tight_shapes(natural: collections.Counter, seq_len: int) -> list[int]:
         for kept in itertools.combinations(narrower, size):
             shapes = [*kept, seq_len]
             slots = sum(count * min(shape for shape in shapes if shape >= width) for width, count in natural.items())
-            cost = (slots + TIGHT_SAVING * size, size)
-            if best is None or cost < best[0]:
+            cost = slots + TIGHT_SAVING * size
+            if best is None or cost < best[0]:          # strict: on a tie the fewer shapes, tried first
                 best = (cost, shapes)
     return best[1]
 

@@ -140,21 +140,18 @@ def positional(config) -> bool:
     return kind == "transformer" or (kind == "residual" and positional(config.base))
 
 
-def _local_target_logits(params: Params, config, tokens: jax.Array, context: int,
+def _local_target_logits(params: Params, config: ExactConfig, tokens: jax.Array, context: int,
                          base: jax.Array | None = None, scale: jax.Array | float = 1.0) -> jax.Array:
-    """The logits predicting ``tokens[:, context:]`` of a model whose prediction at ``p`` reads
-    only ``tokens[p − config.context + 1 … p]`` inside its document (the exact model): run on
-    that slice of the window alone (``<pad>`` on the left where the window holds fewer tokens of
-    context), its ``V``-wide rows at the predicting positions only: ``float32[B, S − context, V]``;
-    with ``base`` (that shape) and ``scale``, ``base + scale · logits``."""
+    """The exact model's logits predicting ``tokens[:, context:]`` (its prediction at ``p``
+    reads only ``tokens[p − config.context + 1 … p]`` inside its document): run on that slice of
+    the window alone (``<pad>`` on the left where the window holds fewer tokens of context), its
+    ``V``-wide rows at the predicting positions only: ``float32[B, S − context, V]``; with
+    ``base`` (that shape) and ``scale``, ``base + scale · logits``."""
     radius = config.context
     head = tokens[:, max(context - radius, 0):-1]
     if radius > context:
         head = jnp.pad(head, ((0, 0), (radius - context, 0)), constant_values=PAD_ID)
-    if _kind(config) == "exact":
-        return exact.exact_logits(params, config, head, first=radius - 1, base=base, scale=scale)
-    logits = model_logits(config, params, head)[:, radius - 1:]
-    return logits if base is None else base + scale * logits
+    return exact.exact_logits(params, config, head, first=radius - 1, base=base, scale=scale)
 
 
 def _explicit_target_logits(params: Params, config, windows: jax.Array, context: int,
