@@ -2,9 +2,10 @@
 
 Computes ``F_δ = Σ_t c(w_{t−δ})ᵀ e(w_{t+1})`` for ``δ = 0 … M−1`` over the whole training
 split of a prepared work directory with (1) the saffu engine (jit-compiled int32 scatter
-accumulators sharded over local devices), (2) numpy ``np.add.at``, (3) ``scipy.sparse``
-(COO -> summed duplicates). All three start from the token stream and share the same sparse
-cipher representation; the script checks they agree and reports throughput and speed-ups.
+accumulators sharded over local devices; its default target order, and stream order for
+comparison), (2) numpy ``np.add.at``, (3) ``scipy.sparse`` (COO -> summed duplicates). All
+three start from the token stream and share the same sparse cipher representation; the script
+checks they agree and reports throughput and speed-ups.
 The repeats are interleaved (engine, numpy, scipy, engine, ...) so machine load hits every
 method alike; medians, per-repeat speed-ups and the load averages are reported.
 
@@ -125,8 +126,9 @@ def with_scipy(stream, codes, vocab_size, radius):
     return matrix.tocsr().toarray().reshape(radius, codes.dim, vocab_size)   # tocsr sums duplicates
 
 
-def with_engine(stream, acc, mesh, chunk_size):
-    state = accumulate_states(stream, {"F": acc}, mesh=mesh, chunk_size=chunk_size, progress=None)["F"]
+def with_engine(stream, acc, mesh, chunk_size, target_order=None):
+    state = accumulate_states(stream, {"F": acc}, mesh=mesh, chunk_size=chunk_size, progress=None,
+                              target_order=target_order)["F"]
     return acc.finalize(state)
 
 
@@ -150,32 +152,40 @@ def main():
     _, compile_seconds = timed(with_engine, stream[:ARGS.chunk_size], acc, mesh, ARGS.chunk_size)
     single = local_mesh(1)
     with_engine(stream[:ARGS.chunk_size], acc, single, ARGS.chunk_size)
-    runs = {"engine": [], "engine_one_device": [], "numpy": [], "scipy": []}
+    with_engine(stream[:ARGS.chunk_size], acc, single, ARGS.chunk_size, False)
+    runs = {"engine": [], "engine_one_device": [], "engine_stream_order": [], "numpy": [], "scipy": []}
     load_before = os.getloadavg()
     compiled_before = _compiled_step.cache_info().misses
     for _ in range(ARGS.repeats):  # interleaved, so machine noise hits every method alike
         F_engine, seconds = timed(with_engine, stream, acc, mesh, ARGS.chunk_size)
         runs["engine"].append(seconds)
         runs["engine_one_device"].append(timed(with_engine, stream, acc, single, ARGS.chunk_size)[1])
+        F_stream_order, seconds = timed(with_engine, stream, acc, single, ARGS.chunk_size, False)
+        runs["engine_stream_order"].append(seconds)
         F_numpy, seconds = timed(with_numpy, stream, codes, vocab_size, radius)
         runs["numpy"].append(seconds)
         F_scipy, seconds = timed(with_scipy, stream, codes, vocab_size, radius)
         runs["scipy"].append(seconds)
     step_compilations = _compiled_step.cache_info().misses - compiled_before   # 0: every timed pass reused its step
     load_after = os.getloadavg()
-    sharded_seconds, engine_seconds, numpy_seconds, scipy_seconds = (
-        float(np.median(runs[k])) for k in ("engine", "engine_one_device", "numpy", "scipy"))
+    sharded_seconds, engine_seconds, stream_order_seconds, numpy_seconds, scipy_seconds = (
+        float(np.median(runs[k])) for k in ("engine", "engine_one_device", "engine_stream_order", "numpy", "scipy"))
     paired = [n / e for n, e in zip(runs["numpy"], runs["engine_one_device"])]   # same repeat, same load
 
     agree_numpy = float(np.abs(F_engine - F_numpy).max())
     agree_scipy = float(np.abs(F_engine - F_scipy).max())
-    if not (agree_numpy < 1e-6 and agree_scipy < 1e-6):
-        sys.exit(f"results disagree: max |engine - numpy| = {agree_numpy}, |engine - scipy| = {agree_scipy}")
+    if not (agree_numpy < 1e-6 and agree_scipy < 1e-6 and np.array_equal(F_engine, F_stream_order)):
+        sys.exit(f"results disagree: max |engine - numpy| = {agree_numpy}, |engine - scipy| = {agree_scipy}, "
+                 f"target order equal to stream order: {np.array_equal(F_engine, F_stream_order)}")
     metrics = {
         "tokens": tokens, "vocab_size": vocab_size, "radius": radius, "bits": ARGS.bits,
         "sharded_devices": int(mesh.devices.size), "engine_seconds": engine_seconds,
         "engine_compile_seconds": compile_seconds, "engine_sharded_seconds": sharded_seconds,
         "numpy_seconds": numpy_seconds, "scipy_seconds": scipy_seconds,
+        "engine_stream_order_seconds": stream_order_seconds,
+        "target_order_gain": float(np.median([s / t for s, t in zip(runs["engine_stream_order"],
+                                                                    runs["engine_one_device"])])),
+        "engine_stream_order_seconds_per_repeat": runs["engine_stream_order"],
         "tokens_per_s": tokens / engine_seconds, "tokens_per_s_sharded": tokens / sharded_seconds,
         "numpy_tokens_per_s": tokens / numpy_seconds, "scipy_tokens_per_s": tokens / scipy_seconds,
         "speedup_vs_numpy": numpy_seconds / engine_seconds, "speedup_vs_scipy": scipy_seconds / engine_seconds,
@@ -191,6 +201,8 @@ def main():
     n = mesh.devices.size
     print(f"engine, 1 device : {engine_seconds:6.3f} s {metrics['tokens_per_s']:>12,.0f} tok/s "
           f"(first call compiles: {compile_seconds:.2f} s)")
+    print(f"engine, stream order: {stream_order_seconds:6.3f} s (target order is {metrics['target_order_gain']:.2f}x "
+          f"as fast, median of the repeats' ratios)")
     print(f"engine, {n} devices: {sharded_seconds:6.3f} s {metrics['tokens_per_s_sharded']:>12,.0f} tok/s")
     print(f"numpy np.add.at  : {numpy_seconds:6.3f} s {metrics['numpy_tokens_per_s']:>12,.0f} tok/s "
           f"-> engine {metrics['speedup_vs_numpy']:.1f}x ({metrics['speedup_vs_numpy_sharded']:.1f}x on {n})")

@@ -249,6 +249,11 @@ passes, float32 master weights and optimizer state):
 def bench_stats(record: dict) -> str:
     f = record["figures"]
     per_repeat = ", ".join(f"{x:.1f}×" for x in f["speedup_vs_numpy_per_repeat"])
+    stream_order = ""
+    if "engine_stream_order_seconds" in f:   # runs before target order had no such column
+        seconds = f["engine_stream_order_seconds"]
+        stream_order = (f"| saffu engine, one device, stream order (target order: ×{f['target_order_gain']:.2f} "
+                        f"as fast, median of per-repeat ratios) | {seconds:.3f} | {f['tokens'] / seconds:,.0f} | |\n")
     return f"""# Statistics engine against numpy and scipy
 
 Generated from [`results/bench_stats.json`](../../results/bench_stats.json) by `experiments/render_results.py`.
@@ -261,7 +266,7 @@ split ({f['tokens']:,} targets, `V` {f['vocab_size']:,}) three ways in one run, 
 | method | seconds | tokens/s | engine's speed-up |
 |---|---:|---:|---:|
 | saffu engine, one device | {f['engine_seconds']:.3f} | {f['tokens_per_s']:,.0f} | |
-| saffu engine, {f['sharded_devices']} CPU devices | {f['engine_sharded_seconds']:.3f} | {f['tokens_per_s_sharded']:,.0f} | |
+{stream_order}| saffu engine, {f['sharded_devices']} CPU devices | {f['engine_sharded_seconds']:.3f} | {f['tokens_per_s_sharded']:,.0f} | |
 | numpy `np.add.at` | {f['numpy_seconds']:.3f} | {f['numpy_tokens_per_s']:,.0f} | {f['speedup_vs_numpy']:.1f}× |
 | `scipy.sparse` | {f['scipy_seconds']:.3f} | {f['scipy_tokens_per_s']:,.0f} | {f['speedup_vs_scipy']:.1f}× |
 

@@ -13,6 +13,7 @@ from saffu import (
     code_background,
     dense_codes,
     document_context,
+    document_context_at,
     feature_target,
     local_mesh,
     merge_states,
@@ -71,6 +72,41 @@ def test_document_context_hides_earlier_documents():
                                             [8, 7, EOD_ID]])
 
 
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 1000), radius=st.integers(1, 6), targets=st.integers(1, 60),
+       eod_rate=st.sampled_from([0.0, 0.2, 0.6]))
+def test_context_of_rows_in_any_order_equals_the_windows_context(seed, radius, targets, eod_rate):
+    rng = np.random.default_rng(seed)
+    window = random_stream(seed, radius + targets, 50, eod_rate).astype(np.int32)
+    window[0] = rng.integers(2, 50)                                    # the window need not open a document
+    rows = rng.permutation(targets)[:rng.integers(1, targets + 1)].astype(np.int32)
+    boundaries = np.cumsum(window == EOD_ID, dtype=np.int32)
+    context, target = document_context(jnp.asarray(window), radius)
+    got_context, got_target = document_context_at(jnp.asarray(window), jnp.asarray(boundaries), jnp.asarray(rows),
+                                                  radius)
+    np.testing.assert_array_equal(got_context, np.asarray(context)[rows])
+    np.testing.assert_array_equal(got_target, np.asarray(target)[rows])
+
+
+def test_target_order_is_for_order_free_accumulators_only():
+    stream = random_stream(5, 300, 25)
+    seen = []
+
+    def update(state, batch, context, inputs):
+        seen.append(batch.window is not None)        # traced once: whether the step had the stream
+        return state + batch.mask.sum()
+
+    counting = {"u": unigram_counts(25),
+                "n": unigram_counts(25)._replace(update=update, order_free=False)}
+    with pytest.raises(SaffuError, match="order-free accumulators: n are not"):
+        accumulate_states(stream, counting, chunk_size=16, progress=None, target_order=True)
+    states = accumulate_states(stream, counting, chunk_size=16, progress=None)   # stream order by default
+    assert seen == [True]
+    np.testing.assert_array_equal(states["u"], np.bincount(stream[1:], minlength=25))
+    sorted_states = accumulate_states(stream, {"u": unigram_counts(25)}, chunk_size=16, progress=None)
+    np.testing.assert_array_equal(sorted_states["u"], states["u"])
+
+
 # (vocab, bits) covering the three state layouts: max level 2 (repeated slots), 3 (weighted
 # slots, lcm 6) and 5 (one slice per level, lcm 60)
 LAYOUTS = [(20, 6), (40, 6), (33, 5)]
@@ -78,16 +114,19 @@ LAYOUTS = [(20, 6), (40, 6), (33, 5)]
 
 @settings(max_examples=20, deadline=None)
 @given(seed=st.integers(0, 1000), length=st.integers(2, 500), radius=st.integers(1, 4),
-       chunk=st.integers(5, 200), devices=st.sampled_from([1, 2, 4]), layout=st.sampled_from(LAYOUTS))
+       chunk=st.integers(5, 200), devices=st.sampled_from([1, 2, 4]), layout=st.sampled_from(LAYOUTS),
+       target_order=st.sampled_from([None, False]))
 def test_counts_equal_numpy_reference_for_any_chunking_and_device_count(seed, length, radius, chunk,
-                                                                       devices, layout):
+                                                                       devices, layout, target_order):
+    """Exact in either streaming order: target order (the default for these order-free
+    accumulators, sorted blocks of 8 chunks) and stream order."""
     vocab_size, bits = layout
     stream = random_stream(seed, length, vocab_size)
     codes = sparse_bit_cipher(vocab_size, bits)
     accumulators = {"unigram": unigram_counts(vocab_size),
                     "offsets": offset_cooccurrence(codes, vocab_size, radius)}
     states = accumulate_states(stream, accumulators, chunk_size=chunk, mesh=local_mesh(devices),
-                               progress=None)
+                               progress=None, target_order=target_order)
     np.testing.assert_array_equal(states["unigram"], np.bincount(stream[1:], minlength=vocab_size))
     F = accumulators["offsets"].finalize(states["offsets"])
     # exact: F·D is the integer Σ_l count_l · D / l of the plain-loop reference
