@@ -36,7 +36,7 @@ def test_a_runs_compute_counts_its_solve_at_its_own_flops_per_second():
 
 def test_the_grid_is_the_issues_sweep():
     assert len(GRID) == 12 + 6 + 2
-    assert {(s, e) for s, e, w, seed in GRID if w == 256} == {(s, e) for s in ("cold", "explicit-init", "residual")
+    assert {(s, e) for s, e, w, seed in GRID if w == 256} == {(s, e) for s in ("cold", "explicit-init", "residual-crossfit")
                                                                for e in (1, 2)}
     assert {(s, seed) for s, e, w, seed in GRID if seed == 1} == {("cold", 1), ("explicit-init", 1)}
 
