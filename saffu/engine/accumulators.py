@@ -361,7 +361,8 @@ def _specs(tree: Any, sharding: NamedSharding) -> tuple:
 
 #: Chunks per sorted block in target order (:func:`accumulate_states`): the block's targets are
 #: sorted, then streamed a chunk at a time, so each chunk's scatter lands in a narrow slice of
-#: a target-major state (measured on `V` = 8,192: 8 beat 4 and 16; one chunk per block gains nothing).
+#: a target-major state (measured on `V` = 8,192: 8 and 16 alike, 4 slower; a whole block
+#: scattered in one step gains nothing, its intermediates leave the cache).
 TARGET_ORDER_CHUNKS = 8
 
 
@@ -423,9 +424,9 @@ def _sharded_step(accumulators: tuple[Accumulator, ...], mesh: Mesh, radius: int
     bool[D, C] masks, inputs, context)``; in target order as ``step(states, int32[D, R + S]
     windows, int32[D, R + S] boundaries, int32[D, S] rows, int32[D] valid, int32 first,
     inputs, context)`` with ``S = block``: rows ``first … first + C − 1`` of each device's
-    block, sorted by target (:func:`document_context_at`), those from ``valid`` on masked. ``states`` is a list (one per
-    accumulator) of states with a leading device axis ``D`` and ``inputs`` a tuple of the
-    accumulators' ``inputs``. Compiled once per static configuration when every ``update`` is
+    block, sorted by target (:func:`document_context_at`), those from ``valid`` on masked.
+    ``states`` is a list (one per accumulator) of states with a leading device axis ``D`` and
+    ``inputs`` a tuple of the accumulators' ``inputs``. Compiled once per static configuration when every ``update`` is
     static (:func:`_is_static`), else on every call."""
     replicated = NamedSharding(mesh, PartitionSpec())
     inputs = tuple(acc.inputs for acc in accumulators) if inputs is None else inputs
