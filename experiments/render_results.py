@@ -93,7 +93,7 @@ def _budget_reading(rows: list[dict]) -> str:
     groups = sorted({(r["vocab_size"], r["width"]) for r in rows})
     for vocab, width in groups:
         mine = [r for r in rows if (r["vocab_size"], r["width"], r["seed"]) == (vocab, width, 0)]
-        budgets, parts, short = sorted({r["epochs"] for r in mine}), [], []
+        budgets, parts, short, unknown = sorted({r["epochs"] for r in mine}), [], [], []
         for epochs in budgets:
             explicit = [r for r in mine if r["epochs"] == epochs and "multiplier" in r]
             if not explicit:
@@ -103,13 +103,15 @@ def _budget_reading(rows: list[dict]) -> str:
             budget = f"{epochs} epoch{'s' * (epochs > 1)}"
             parts.append(f"{budget} {bound}{best['multiplier']:.2f}× ({best['start']})")
             if best["multiplier"] < MULTIPLIER_BAR:
-                short.append(budget + (" (only a lower bound is known: no cold run of the sweep reaches its loss)"
-                                       if bound == "≥ " else ""))
+                (unknown if bound == "≥ " else short).append(budget)
         if not parts:
             continue
         line = f"* V {vocab:,}, width {width}: the best explicit start's multiplier is {', '.join(parts)}."
         if short:
             line += f" Below {MULTIPLIER_BAR:g}× at {', '.join(short)}."
+        if unknown:
+            line += (f" Not known yet at {', '.join(unknown)}: only a lower bound under {MULTIPLIER_BAR:g}×, as no "
+                     "cold run of the sweep reaches that loss (a longer cold run would tell).")
         gaps = []
         for start in ("cold", "explicit-init"):
             runs = sorted((r for r in mine if r["start"] == start), key=lambda r: r["epochs"])

@@ -140,3 +140,14 @@ def test_the_headline_shows_the_sweeps_first_vocabulary_only(monkeypatch):
     monkeypatch.setattr(render_results, "_load", lambda name: budgets if name == "budgets" else None)
     block = render_results.headline_block()
     assert "1.9111" in block and "1.8222" not in block
+
+
+def test_the_budget_reading_tells_a_measured_shortfall_from_an_unknown_one():
+    def row(epochs, multiplier, how, start="explicit-init"):
+        return {"start": start, "width": 128, "epochs": epochs, "seed": 0, "vocab_size": 8192, "multiplier": multiplier,
+                "multiplier_is": how, "train_loss": 4.0, "last_dev_window_loss": 4.1}
+    reading = render_results._budget_reading([row(1, 3.5, "beyond"), row(2, 1.5, "interpolated"),
+                                              row(4, 1.2, "beyond")])
+    assert "1 epoch ≥ 3.50×" in reading and "2 epochs 1.50×" in reading and "4 epochs ≥ 1.20×" in reading
+    assert "Below 2× at 2 epochs." in reading                 # measured on cold's curve
+    assert "Not known yet at 4 epochs" in reading             # a lower bound under the bar says nothing yet
