@@ -109,6 +109,16 @@ def cold_compute_to_reach(curve: list[tuple[float, float]], target: float) -> tu
     return best[-1][0], "beyond"
 
 
+def multiplier_text(multiplier: float, how: str) -> str:
+    """A multiplier as the tables print it, two decimals: a lower bound (``"beyond"``) rounded
+    down and an upper bound (``"before"``) rounded up, so the printed bound still holds."""
+    if how == "beyond":
+        return f"≥ {math.floor(multiplier * 100) / 100:.2f}×"
+    if how == "before":
+        return f"≤ {math.ceil(multiplier * 100) / 100:.2f}×"
+    return f"{multiplier:.2f}×"
+
+
 def steps_to_reach(curve: list[tuple[int, float]], target: float) -> float | None:
     """The first step at which a run's periodic dev loss ``[(step, loss), …]`` reaches ``target``,
     linear between its evaluations (``None``: never)."""
@@ -133,7 +143,7 @@ def share_of_steps_to_cold(row: dict, rows: list[dict]) -> float | None:
     return None if step is None else step / row["steps"]
 
 
-DERIVED = ("cold_compute_to_match", "multiplier", "multiplier_is", "share_of_steps_to_cold")
+DERIVED = ("cold_compute_to_match", "multiplier", "multiplier_is", "multiplier_text", "share_of_steps_to_cold")
 
 
 def key(row: dict) -> tuple:
@@ -197,14 +207,14 @@ def report(out: Path, write: bool = True, also: tuple[Path, ...] = ()) -> dict:
         if row["start"] in EXPLICIT and cold:
             need, how = cold_compute_to_reach(cold, row["dev_bpb"])
             row.update(cold_compute_to_match=need, multiplier=need / row["compute"], multiplier_is=how)
+            row["multiplier_text"] = multiplier_text(row["multiplier"], how)
         if row["start"] in EXPLICIT:
             row["share_of_steps_to_cold"] = share_of_steps_to_cold(row, rows)
     lines = ["| V | width | epochs | start | seed | lr | dev bits/byte | train loss (nats) | dev windows (nats) | "
              "seconds (solve) | compute (FLOPs) | multiplier | steps to cold's loss |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
-        bound = {"interpolated": "", "beyond": "≥ ", "before": "≤ "}.get(row.get("multiplier_is"), "")
-        multiplier = f"{bound}{row['multiplier']:.2f}×" if "multiplier" in row else "–"
+        multiplier = row.get("multiplier_text", "–")
         lines.append(f"| {row['vocab_size']:,} | {row['width']} | {row['epochs']} | {row['start']} | {row['seed']} | "
                      f"{row['learning_rate']:g} | "
                      f"{row['dev_bpb']:.4f} | {row['train_loss']:.3f} | {row['last_dev_window_loss']:.3f} | "

@@ -99,19 +99,30 @@ def _budget_reading(rows: list[dict]) -> str:
             if not explicit:
                 continue
             best = max(explicit, key=lambda r: r["multiplier"])
-            bound = {"beyond": "≥ ", "before": "≤ "}.get(best.get("multiplier_is"), "")
             budget = f"{epochs} epoch{'s' * (epochs > 1)}"
-            parts.append(f"{budget} {bound}{best['multiplier']:.2f}× ({best['start']})")
+            parts.append(f"{budget} {best['multiplier_text']} ({best['start']})")
             if best["multiplier"] < MULTIPLIER_BAR:
-                (unknown if bound == "≥ " else short).append(budget)
+                (unknown if best["multiplier_is"] == "beyond" else short).append(budget)
         if not parts:
             continue
         line = f"* V {vocab:,}, width {width}: the best explicit start's multiplier is {', '.join(parts)}."
         if short:
             line += f" Below {MULTIPLIER_BAR:g}× at {', '.join(short)}."
+        cold = sorted((r for r in mine if r["start"] == "cold"), key=lambda r: r["epochs"])
+        best_cold = min(cold, key=lambda r: r["dev_bpb"]) if cold else None
+        worse = [r for r in cold if r["epochs"] > best_cold["epochs"]] if cold else []
         if unknown:
             line += (f" Not known yet at {', '.join(unknown)}: only a lower bound under {MULTIPLIER_BAR:g}×, as no "
-                     "cold run of the sweep reaches that loss (a longer cold run would tell).")
+                     "cold run of the sweep reaches that loss"
+                     + (" (and a longer cold run at the same learning rate would not tell, as the next sentence says)." if worse
+                        else " (a longer cold run would tell)."))
+        if worse:
+            line += (f" Cold is best at {best_cold['epochs']} epochs ({best_cold['dev_bpb']:.4f}) and worse with more "
+                     "compute at its learning rate (" + ", ".join(f"{r['epochs']} epochs {r['dev_bpb']:.4f}"
+                                                        for r in worse)
+                     + f"), its training loss too ({best_cold['train_loss']:.3f} → {worse[-1]['train_loss']:.3f}), so "
+                     "it is the optimisation, not overfitting: the probe's rate (chosen at one epoch) suits long cold "
+                     "runs badly, and beyond that budget the multiplier is against cold at that rate only.")
         gaps = []
         for start in ("cold", "explicit-init"):
             runs = sorted((r for r in mine if r["start"] == start), key=lambda r: r["epochs"])
@@ -374,8 +385,7 @@ def headline_block() -> str:
             if start not in picked:
                 continue
             r = picked[start]
-            bound = {"interpolated": "", "beyond": "≥ ", "before": "≤ "}.get(r.get("multiplier_is"), "")
-            versus = f"compute multiplier {bound}{r['multiplier']:.2f}×" if "multiplier" in r else "the reference"
+            versus = f"compute multiplier {r['multiplier_text']}" if "multiplier" in r else "the reference"
             rows.append(f"| saffu's transformer, width {r['width']}, {r['epochs']} epoch | {label} | "
                         f"{r['dev_bpb']:.4f} | {versus} | {r.get('finished', budgets['date'])[:10]} | "
                         f"[budgets](docs/results/budgets.md) |")

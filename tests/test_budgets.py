@@ -67,3 +67,10 @@ def test_steps_to_the_cold_loss_are_read_off_the_curves_of_the_same_budget():
     explicit = {"start": "explicit-init", "steps": 200, "curve": curve + [(200, 3.8)], **budget}
     assert share_of_steps_to_cold(explicit, [other, cold, explicit]) == pytest.approx(100 / 200)
     assert share_of_steps_to_cold(explicit, [other, explicit]) is None
+
+
+def test_printed_bounds_still_hold():
+    from budgets import multiplier_text
+    assert multiplier_text(1.9964, "beyond") == "≥ 1.99×"           # a lower bound rounds down
+    assert multiplier_text(1.0012, "before") == "≤ 1.01×"           # an upper bound rounds up
+    assert multiplier_text(2.3461, "interpolated") == "2.35×"       # a measured one to the nearest

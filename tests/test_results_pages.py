@@ -143,11 +143,29 @@ def test_the_headline_shows_the_sweeps_first_vocabulary_only(monkeypatch):
 
 
 def test_the_budget_reading_tells_a_measured_shortfall_from_an_unknown_one():
+    from budgets import multiplier_text
+
     def row(epochs, multiplier, how, start="explicit-init"):
         return {"start": start, "width": 128, "epochs": epochs, "seed": 0, "vocab_size": 8192, "multiplier": multiplier,
-                "multiplier_is": how, "train_loss": 4.0, "last_dev_window_loss": 4.1}
+                "multiplier_is": how, "multiplier_text": multiplier_text(multiplier, how), "train_loss": 4.0,
+                "last_dev_window_loss": 4.1}
     reading = render_results._budget_reading([row(1, 3.5, "beyond"), row(2, 1.5, "interpolated"),
-                                              row(4, 1.2, "beyond")])
-    assert "1 epoch ≥ 3.50×" in reading and "2 epochs 1.50×" in reading and "4 epochs ≥ 1.20×" in reading
+                                              row(4, 1.9964, "beyond")])
+    assert "1 epoch ≥ 3.50×" in reading and "2 epochs 1.50×" in reading
+    assert "4 epochs ≥ 1.99×" in reading                      # a lower bound is rounded down, never up
     assert "Below 2× at 2 epochs." in reading                 # measured on cold's curve
     assert "Not known yet at 4 epochs" in reading             # a lower bound under the bar says nothing yet
+
+
+def test_the_budget_reading_says_when_cold_gets_worse_with_more_compute():
+    cold = lambda epochs, bpb, train: {"start": "cold", "width": 128, "epochs": epochs, "seed": 0, "vocab_size": 8192,
+                                       "dev_bpb": bpb, "train_loss": train, "last_dev_window_loss": train + 0.2}
+    rows = [cold(1, 1.9, 4.6), cold(4, 1.8, 4.1), cold(8, 1.85, 4.15)]
+    reading = render_results._budget_reading(rows + [{**cold(4, 1.75, 3.6), "start": "explicit-init", "multiplier": 1.9,
+                                                      "multiplier_is": "beyond", "multiplier_text": "≥ 1.90×"}])
+    assert "Cold is best at 4 epochs (1.8000)" in reading and "8 epochs 1.8500" in reading
+    assert "would not tell" in reading
+    monotone = render_results._budget_reading(rows[:2] + [{**cold(4, 1.75, 3.6), "start": "explicit-init",
+                                                           "multiplier": 1.9, "multiplier_is": "beyond",
+                                                           "multiplier_text": "≥ 1.90×"}])
+    assert "Cold is best" not in monotone and "a longer cold run would tell" in monotone
