@@ -426,8 +426,8 @@ def _sharded_step(accumulators: tuple[Accumulator, ...], mesh: Mesh, radius: int
     inputs, context)`` with ``S = block``: rows ``first … first + C − 1`` of each device's
     block, sorted by target (:func:`document_context_at`), those from ``valid`` on masked.
     ``states`` is a list (one per accumulator) of states with a leading device axis ``D`` and
-    ``inputs`` a tuple of the accumulators' ``inputs``. Compiled once per static configuration when every ``update`` is
-    static (:func:`_is_static`), else on every call."""
+    ``inputs`` a tuple of the accumulators' ``inputs``. Compiled once per static configuration
+    when every ``update`` is static (:func:`_is_static`), else on every call."""
     replicated = NamedSharding(mesh, PartitionSpec())
     inputs = tuple(acc.inputs for acc in accumulators) if inputs is None else inputs
     key = (tuple(acc.update for acc in accumulators),
