@@ -248,15 +248,26 @@ def _plot(rows: list[dict], path: Path) -> str:
         for width, vocab, marker, line in ((128, FIRST_VOCAB, "o", "-"), (256, FIRST_VOCAB, "s", "-"),
                                            *((128, v, "^", "--") for v in sorted({r["vocab_size"] for r in rows})
                                              if v != FIRST_VOCAB)):
-            points = sorted((r["compute"], r["dev_bpb"]) for r in rows if r["start"] == start and r["width"] == width
-                            and r["vocab_size"] == vocab and r["seed"] == 0)
+            mine = sorted((r for r in rows if r["start"] == start and r["width"] == width
+                           and r["vocab_size"] == vocab), key=lambda r: r["compute"])
+            points = [(r["compute"], r["dev_bpb"]) for r in mine if r["seed"] == 0]
             if points:
                 axis.plot(*zip(*points), marker=marker, linestyle=line, color=colours[start],
                           label=f"{start}, width {width}" + (f", V {vocab:,}" if vocab != FIRST_VOCAB else ""))
+            for r in mine:                  # each point's budget; other seeds as open markers
+                if r["seed"] != 0:
+                    axis.plot(r["compute"], r["dev_bpb"], marker=marker, linestyle="none", color=colours[start],
+                              markerfacecolor="none")
+                axis.annotate(f"{r['epochs']}", (r["compute"], r["dev_bpb"]), textcoords="offset points",
+                              xytext=(4, 4), fontsize=7, color=colours[start])
     axis.set_xscale("log")
     axis.set_xlabel("compute: training FLOPs + the solve at the run's FLOPs/s")
     axis.set_ylabel("whole-dev bits per byte")
-    axis.set_title("babylm-2023-4src: dev loss against compute, 1 / 2 / 4 epochs")
+    epochs = " / ".join(str(e) for e in sorted({r["epochs"] for r in rows}))
+    seeds = sorted({r["seed"] for r in rows})
+    axis.set_title(f"babylm-2023-4src: dev loss against compute, {epochs} epochs (numbers by the points)"
+                   + ("; open markers: seed " + ", ".join(str(s) for s in seeds[1:]) if len(seeds) > 1 else ""),
+                   fontsize=10)
     axis.grid(alpha=0.3, which="both")
     axis.legend(fontsize=8)
     figure.tight_layout()
