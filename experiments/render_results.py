@@ -405,6 +405,28 @@ def headline_block() -> str:
             "|---|---|---:|---|---|---|\n" + "\n".join(rows[:5]) + "\n")
 
 
+def lasts_block() -> str:
+    """The README's answer to "does the explicit start last?": per budget of the sweep at width 128,
+    ``V`` = :data:`HEADLINE_VOCAB` and seed 0, cold's dev bits per byte against the best explicit
+    start's (the one with the largest compute multiplier) and that multiplier."""
+    budgets = _load("budgets")
+    rows = [r for r in (budgets["figures"]["rows"] if budgets else []) if r["width"] == 128 and r["seed"] == 0
+            and r.get("vocab_size", HEADLINE_VOCAB) == HEADLINE_VOCAB]
+    lines = []
+    for epochs in sorted({r["epochs"] for r in rows}):
+        cold = next((r for r in rows if r["start"] == "cold" and r["epochs"] == epochs), None)
+        explicit = [r for r in rows if r["epochs"] == epochs and "multiplier" in r]
+        best = max(explicit, key=lambda r: r["multiplier"]) if explicit else None
+        cold_bpb = f"{cold['dev_bpb']:.4f}" if cold else "not run yet"
+        lines.append(f"| {epochs} | {cold_bpb} | "
+                     + (f"{HEADLINE_STARTS.get(best['start'], best['start'])} | {best['dev_bpb']:.4f} | "
+                        f"{best['multiplier_text']} |" if best else "– | – | – |"))
+    if not lines:
+        return "No results file yet: run `experiments/budgets.py --report`.\n"
+    return ("| epochs | cold (bits/byte) | best explicit start (by multiplier) | its bits/byte | compute multiplier |\n"
+            "|---:|---:|---|---:|---|\n" + "\n".join(lines) + "\n")
+
+
 def setup_block() -> str:
     """The README's set-up times: ``make demo`` and ``make test`` on a fresh clone."""
     record = _load("setup")
@@ -454,7 +476,7 @@ def speed_block() -> str:
     return "\n".join(lines) + "\n"
 
 
-README_BLOCKS = {"headline": headline_block, "setup": setup_block, "speed": speed_block}
+README_BLOCKS = {"headline": headline_block, "lasts": lasts_block, "setup": setup_block, "speed": speed_block}
 BLOCK = re.compile(r"^<!-- generated: (?P<name>[\w-]+) -->\n(?P<body>.*?)^<!-- /generated -->$", re.M | re.S)
 
 
