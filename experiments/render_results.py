@@ -418,13 +418,15 @@ def lasts_block() -> str:
         explicit = [r for r in rows if r["epochs"] == epochs and "multiplier" in r]
         best = max(explicit, key=lambda r: r["multiplier"]) if explicit else None
         cold_bpb = f"{cold['dev_bpb']:.4f}" if cold else "not run yet"
+        minutes = " / ".join(f"{(r['train_seconds'] + r['solve_seconds']) / 60:.0f}" if r else "–" for r in (cold, best))
         lines.append(f"| {epochs} | {cold_bpb} | "
                      + (f"{HEADLINE_STARTS.get(best['start'], best['start'])} | {best['dev_bpb']:.4f} | "
-                        f"{best['multiplier_text']} |" if best else "– | – | – |"))
+                        f"{best['multiplier_text']} |" if best else "– | – | – |") + f" {minutes} |")
     if not lines:
         return "No results file yet: run `experiments/budgets.py --report`.\n"
-    return ("| epochs | cold (bits/byte) | best explicit start (by multiplier) | its bits/byte | compute multiplier |\n"
-            "|---:|---:|---|---:|---|\n" + "\n".join(lines) + "\n")
+    return ("| epochs | cold (bits/byte) | best explicit start (by multiplier) | its bits/byte | compute multiplier "
+            "| minutes on one core, cold / explicit (solve included) |\n"
+            "|---:|---:|---|---:|---|---|\n" + "\n".join(lines) + "\n")
 
 
 def setup_block() -> str:
