@@ -160,6 +160,20 @@ def recorded_rows() -> list[dict]:
             for row in json.loads(path.read_text())["figures"]["rows"]]
 
 
+def probe_choices(*outs: Path) -> dict:
+    """The learning-rate probes run into these ``--out`` folders (``probe/choice.json`` of
+    :func:`warm_transformer.probe`: per start ``{"losses": {rate: last periodic dev loss},
+    "learning_rate": the best, "fraction": the share of train}``), over those that
+    ``results/budgets.json`` already records from earlier sessions."""
+    path = RESULTS / "budgets.json"
+    probes = dict(json.loads(path.read_text())["figures"].get("probes", {})) if path.exists() else {}
+    for out in outs:
+        record = out / "probe" / "choice.json"
+        if record.exists():
+            probes.update(json.loads(record.read_text()))
+    return probes
+
+
 def cold_curve(rows: list[dict], width: int, vocab_size: int = FIRST_VOCAB) -> list[tuple[float, float]]:
     """Cold's ``(compute, whole-dev bits per byte)`` per budget at ``width`` and ``vocab_size``,
     seeds averaged."""
@@ -195,7 +209,8 @@ def report(out: Path, write: bool = True, also: tuple[Path, ...] = ()) -> dict:
                      "curve": [(h["step"], h["dev_loss"]) for h in r["history"] if h.get("dev_loss") is not None],
                      "reproduce": f"python experiments/budgets.py --workdir {r.get('workdir', 'runs/babylm')} "
                                   f"--out {r['out']} --runs "
-                                  f"{r['variant']}:{r.get('epochs', 1)}:{r.get('width', 128)}:{r['seed']}"})
+                                  f"{r['variant']}:{r.get('epochs', 1)}:{r.get('width', 128)}:{r['seed']}"
+                                  + ("" if r["learning_rate"] == RATES[r["variant"]] else f":{r['learning_rate']:g}")})
     here = {key(row) for row in rows}
     rows += [row for row in recorded_rows() if key(row) not in here]
     if not rows:
@@ -222,9 +237,11 @@ def report(out: Path, write: bool = True, also: tuple[Path, ...] = ()) -> dict:
                      f"({row['solve_seconds']:,.0f}) | {row['compute']:.3e} | {multiplier} | {_share(row)} |")
     table = "\n".join(lines)
     print(table)
+    probes = probe_choices(out, *also)
     if write:
         figure = _plot(rows, RESULTS.parent / "docs" / "results" / "budgets.png")
-        write_result("budgets", {"rows": rows, "table": table, "plot": figure}, seeds=sorted({r["seed"] for r in rows}),
+        write_result("budgets", {"rows": rows, "table": table, "plot": figure, "probes": probes},
+                     seeds=sorted({r["seed"] for r in rows}),
                      load={"note": "each run's seconds were measured with one run per core and other runs or "
                                    "development work sharing the machine at times; FLOPs are analytic; each row "
                                    "carries the command that reproduces it and when it finished"})
@@ -284,8 +301,8 @@ def main(argv=None):
     parser.add_argument("--out", type=Path, default=Path("runs/budgets"), help="runs go here")
     parser.add_argument("--plan", action="store_true", help="list the sweep's runs and which are finished")
     parser.add_argument("--next", type=int, default=0, help="run the next N unfinished runs of the sweep")
-    parser.add_argument("--runs", nargs="+", default=[], metavar="START:EPOCHS:WIDTH:SEED",
-                        help="run these (e.g. cold:4:128:0)")
+    parser.add_argument("--runs", nargs="+", default=[], metavar="START:EPOCHS:WIDTH:SEED[:LR]",
+                        help="run these (e.g. cold:4:128:0), each at its start's rate (RATES) unless LR is given")
     parser.add_argument("--exact-run", type=Path, help="an existing `saffu exact` run of the whole training split")
     parser.add_argument("--folds", type=int, default=2, help="folds of residual-crossfit")
     parser.add_argument("--report", action="store_true", help="gather the finished runs (results/budgets.json)")
@@ -296,12 +313,14 @@ def main(argv=None):
     todo = []
     for spec in args.runs:
         try:
-            start, epochs, width, seed = spec.split(":")
-            todo.append((start, int(epochs), int(width), int(seed)))
+            start, epochs, width, seed, *rate = spec.split(":")
+            if start not in STARTS:
+                parser.error(f"unknown start {start!r} in {spec!r}; one of {', '.join(STARTS)}")
+            if len(rate) > 1 or (rate and not float(rate[0]) > 0):
+                raise ValueError
+            todo.append((start, int(epochs), int(width), int(seed), float(rate[0]) if rate else RATES[start]))
         except ValueError:
-            parser.error(f"--runs takes START:EPOCHS:WIDTH:SEED, got {spec!r}")
-        if start not in STARTS:
-            parser.error(f"unknown start {start!r}; one of {', '.join(STARTS)}")
+            parser.error(f"--runs takes START:EPOCHS:WIDTH:SEED or START:EPOCHS:WIDTH:SEED:LR (LR > 0), got {spec!r}")
     vocab = FIRST_VOCAB
     if args.workdir is not None:
         from saffu.data.workdir import open_workdir
@@ -314,12 +333,12 @@ def main(argv=None):
             done = finished(run)
             state = f"dev {done['dev_bpb']:.4f} bits/byte" if done else "to run"
             print(f"{run[0]:>17}  {run[1]} epochs  width {run[2]}  seed {run[3]}  lr {RATES[run[0]]:g}: {state}")
-    todo += pending[:args.next]
+    todo += [(*run, RATES[run[0]]) for run in pending[:args.next]]
     if todo and args.workdir is None:
         parser.error("--workdir is required to train")
-    for start, epochs, width, seed in todo:
+    for start, epochs, width, seed, rate in todo:
         argv = ["--workdir", str(args.workdir), "--out", str(args.out), "--variants", start, "--seeds", str(seed),
-                "--epochs", str(epochs), "--width", str(width), "--learning-rate", str(RATES[start]),
+                "--epochs", str(epochs), "--width", str(width), "--learning-rate", str(rate),
                 "--folds", str(args.folds)] + (["--exact-run", str(args.exact_run)] if args.exact_run else [])
         wt.main(argv)
     if args.report:

@@ -76,9 +76,21 @@ windows: that evaluation's loss on 128 evenly spaced dev windows — the train�
 difference.
 
 {f['table']}
-{_budget_reading(f['rows'])}{_crossfit_gaps(f['rows'])}
+{_probes(f.get('probes', {}))}{_budget_reading(f['rows'])}{_crossfit_gaps(f['rows'])}
 ![dev loss against compute]({Path(f['plot']).name})
 """
+
+
+def _probes(probes: dict) -> str:
+    """The learning-rate probes run into the sweep's folders: per start, each rate's last
+    periodic dev loss and the rate chosen."""
+    if not probes:
+        return ""
+    lines = [f"* {start}: " + " / ".join(f"lr {rate} {loss:.4f}" for rate, loss in entry["losses"].items())
+             + f" nats on {entry['fraction']:.0%} of train → lr {entry['learning_rate']:g}"
+             for start, entry in probes.items()]
+    return ("\nLearning-rate probes run with the sweep (one run per rate, one epoch of the share, seed 0, "
+            "its last periodic dev loss):\n\n" + "\n".join(lines) + "\n")
 
 
 #: The compute multiplier the issue asks of the best explicit start at every budget.

@@ -74,3 +74,12 @@ def test_printed_bounds_still_hold():
     assert multiplier_text(1.9964, "beyond") == "≥ 1.99×"           # a lower bound rounds down
     assert multiplier_text(1.0012, "before") == "≤ 1.01×"           # an upper bound rounds up
     assert multiplier_text(2.3461, "interpolated") == "2.35×"       # a measured one to the nearest
+
+
+@pytest.mark.parametrize("spec", ["cold:1:128", "cold:1:128:0:-0.01", "cold:1:128:0:0.01:2", "cold:x:128:0",
+                                  "warm:1:128:0"])
+def test_a_bad_run_spec_is_one_usage_error(spec, capsys):
+    from budgets import main
+    with pytest.raises(SystemExit) as exit_:
+        main(["--workdir", "nowhere", "--runs", spec])
+    assert exit_.value.code == 2 and spec in capsys.readouterr().err
