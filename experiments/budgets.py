@@ -58,20 +58,26 @@ FIRST_VOCAB = 8192
 #: The learning rate of each start: the probe of :mod:`warm_transformer` (25% of the training
 #: data, rates 0.003 / 0.01 / 0.03, one epoch, seed 0) chose 0.01 for cold and explicit init and
 #: 0.003 for the residuals; ``--probe-lrs`` probes again instead.
-RATES = {"cold": 0.01, "explicit-init": 0.01, "residual": 0.003, "residual-crossfit": 0.003}
+RATES = {"cold": 0.01, "explicit-init": 0.01, "residual": 0.003, "residual-crossfit": 0.003,
+         "explicit-init-rms1": 0.01}
 STARTS = tuple(RATES)
-EXPLICIT = ("explicit-init", "residual", "residual-crossfit")
+EXPLICIT = ("explicit-init", "residual", "residual-crossfit", "explicit-init-rms1")
+#: The starts the issue's sweep asks for; ``explicit-init-rms1`` (explicit init with the embeddings
+#: at RMS 1.0 instead of the random init's) runs beyond it, in :data:`EXTRA`.
+GRID_STARTS = ("cold", "explicit-init", "residual", "residual-crossfit")
 
 
 def grid() -> list[tuple[str, int, int, int]]:
     """The sweep's runs, ``(start, epochs, width, seed)``, cheapest first."""
-    runs = [(start, epochs, 128, 0) for epochs in (1, 2, 4) for start in STARTS]
+    runs = [(start, epochs, 128, 0) for epochs in (1, 2, 4) for start in GRID_STARTS]
     runs += [(start, epochs, 256, 0) for epochs in (1, 2) for start in ("cold", "explicit-init", "residual-crossfit")]
     runs += [("cold", 4, 128, 1), ("explicit-init", 4, 128, 1)]
     return sorted(runs, key=lambda run: (run[1] * (run[2] / 128) ** 2, STARTS.index(run[0]), run[3]))
 
 
 GRID = grid()
+#: Runs beyond the issue's sweep: explicit init with the embeddings at RMS 1.0 at width 128.
+EXTRA = [("explicit-init-rms1", epochs, 128, 0) for epochs in (1, 2, 4)]
 
 
 def name(start: str, epochs: int, width: int, seed: int, rate: float) -> str:
@@ -259,7 +265,8 @@ def _plot(rows: list[dict], path: Path) -> str:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    colours = {"cold": "tab:gray", "explicit-init": "tab:blue", "residual": "tab:red", "residual-crossfit": "tab:brown"}
+    colours = {"cold": "tab:gray", "explicit-init": "tab:blue", "residual": "tab:red", "residual-crossfit": "tab:brown",
+               "explicit-init-rms1": "tab:cyan"}
     figure, axis = plt.subplots(figsize=(7.5, 4.5))
     for start in STARTS:
         for width, vocab, marker, line in ((128, FIRST_VOCAB, "o", "-"), (256, FIRST_VOCAB, "s", "-"),
@@ -329,10 +336,13 @@ def main(argv=None):
     finished = lambda run: result(args.out, *run, RATES[run[0]]) or recorded.get((*run, RATES[run[0]], vocab))
     pending = [run for run in GRID if finished(run) is None]
     if args.plan:
-        for run in GRID:
+        for run in GRID + [None] + EXTRA:
+            if run is None:
+                print("beyond the issue's sweep (--runs):")
+                continue
             done = finished(run)
             state = f"dev {done['dev_bpb']:.4f} bits/byte" if done else "to run"
-            print(f"{run[0]:>17}  {run[1]} epochs  width {run[2]}  seed {run[3]}  lr {RATES[run[0]]:g}: {state}")
+            print(f"{run[0]:>18}  {run[1]} epochs  width {run[2]}  seed {run[3]}  lr {RATES[run[0]]:g}: {state}")
     todo += [(*run, RATES[run[0]]) for run in pending[:args.next]]
     if todo and args.workdir is None:
         parser.error("--workdir is required to train")

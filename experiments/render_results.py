@@ -381,6 +381,9 @@ def _load(name: str) -> dict | None:
 HEADLINE_VOCAB = 8192
 HEADLINE_STARTS = {"cold": "cold (random init)", "explicit-init": "explicit init",
                    "residual-crossfit": "explicit residual, cross-fitted"}
+#: Every start of the sweep as the README names it.
+START_LABELS = {**HEADLINE_STARTS, "residual": "explicit residual",
+                "explicit-init-rms1": "explicit init, embeddings at RMS 1"}
 
 
 def headline_block() -> str:
@@ -432,7 +435,7 @@ def lasts_block() -> str:
         cold_bpb = f"{cold['dev_bpb']:.4f}" if cold else "not run yet"
         minutes = " / ".join(f"{(r['train_seconds'] + r['solve_seconds']) / 60:.0f}" if r else "–" for r in (cold, best))
         lines.append(f"| {epochs} | {cold_bpb} | "
-                     + (f"{HEADLINE_STARTS.get(best['start'], best['start'])} | {best['dev_bpb']:.4f} | "
+                     + (f"{START_LABELS.get(best['start'], best['start'])} | {best['dev_bpb']:.4f} | "
                         f"{best['multiplier_text']} |" if best else "– | – | – |") + f" {minutes} |")
     if not lines:
         return "No results file yet: run `experiments/budgets.py --report`.\n"

@@ -9,6 +9,8 @@ rate and data order per seed:
   after the SVD), rescaled to the random init's scale
   (:func:`saffu.models.transformer.explicit_transformer_init`); the ablation of its pieces:
   ``explicit-bias`` takes the bias only, ``explicit-embed`` the bias and the embeddings;
+  ``explicit-init-rms1`` is explicit init with the embeddings at RMS 1.0 (the scale a norm layer
+  outputs) instead of the random init's;
 * ``residual``: ``logits = log P_exact + f_θ`` over the exact token-resolution model
   (``saffu exact``, Kneser-Ney chain, frozen), ``f_θ``'s output layer at zero, so step 0 is the
   exact model; ``residual-learned`` also learns ``λ``; ``residual-annealed`` lets ``λ`` fall
@@ -56,7 +58,7 @@ import numpy as np
 from saffu.configs import FactorConfig  # imports no jax
 from saffu.models.interface import model_init
 
-VARIANTS = ("cold", "explicit-init", "explicit-bias", "explicit-embed", "residual", "residual-learned",
+VARIANTS = ("cold", "explicit-init", "explicit-init-rms1", "explicit-bias", "explicit-embed", "residual", "residual-learned",
             "residual-annealed", "kn-residual", "residual-crossfit")
 RESIDUAL_SCALE = {"residual": "fixed", "residual-learned": "learned", "residual-annealed": "annealed",
                   "kn-residual": "fixed", "residual-crossfit": "fixed"}
@@ -64,8 +66,10 @@ RESIDUAL_SCALE = {"residual": "fixed", "residual-learned": "learned", "residual-
 DEFAULT_LR = 0.01
 #: Kneser-Ney 5-gram as an exact model: the nested chain of the previous 1 … 4 tokens.
 KN_GROUPS = ((0,), (0, 1), (0, 1, 2), (0, 1, 2, 3))
-PIECES = {"explicit-init": ("bias", "embeddings", "output"), "explicit-bias": ("bias",),
-          "explicit-embed": ("bias", "embeddings")}
+PIECES = {"explicit-init": ("bias", "embeddings", "output"), "explicit-init-rms1": ("bias", "embeddings", "output"),
+          "explicit-bias": ("bias",), "explicit-embed": ("bias", "embeddings")}
+#: The embeddings' scale of an explicit init (default: the random init's RMS).
+EMBEDDING_RMS = {"explicit-init-rms1": 1.0}
 
 
 def _workdir(source, out: Path, fraction: float):
@@ -132,7 +136,8 @@ def run_one(variant: str, seed: int, fraction: float, args, source, learning_rat
         config, params = base, model_init(base, key)
     elif variant in PIECES:
         params, solve_seconds, report = explicit_transformer_start(
-            workdir, base, key, PIECES[variant], FactorConfig(refine_steps=args.factor_refine_steps))
+            workdir, base, key, PIECES[variant], FactorConfig(refine_steps=args.factor_refine_steps),
+            embedding_rms=EMBEDDING_RMS.get(variant))
         config = base
         extra.update(factor_holdout_loss=report.get("holdout_loss"), factor_refine_steps=args.factor_refine_steps)
     else:

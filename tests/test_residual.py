@@ -202,6 +202,11 @@ def test_explicit_init_keeps_the_random_tree_and_takes_the_factors(tiny_workdir)
         assert rms(got) == pytest.approx(rms(like), rel=1e-4)               # the initialiser's scale
         cosine = float(jnp.sum(got * source) / jnp.sqrt(jnp.sum(got ** 2) * jnp.sum(source ** 2)))
         assert cosine == pytest.approx(1.0, abs=1e-5)                        # the factor's direction
+    at_one = explicit_transformer_init(config, key, factors, embedding_rms=1.0)     # the embeddings' scale given
+    assert rms(at_one["embed"]["embedding"]) == pytest.approx(1.0, rel=1e-4)
+    np.testing.assert_allclose(at_one["embed"]["embedding"] * rms(random["embed"]["embedding"]),
+                               params["embed"]["embedding"], rtol=1e-4, atol=1e-7)
+    np.testing.assert_array_equal(at_one["output"]["kernel"], params["output"]["kernel"])
     only_bias = explicit_transformer_init(config, key, factors, ("bias",))
     np.testing.assert_array_equal(only_bias["embed"]["embedding"], random["embed"]["embedding"])
     np.testing.assert_array_equal(only_bias["blocks"][0]["mlp_in"]["kernel"], random["blocks"][0]["mlp_in"]["kernel"])

@@ -169,7 +169,7 @@ def parameter_count_of(config: TransformerConfig) -> int:
 
 
 def explicit_transformer_init(config: TransformerConfig, key: jax.Array, factors: Params,
-                              pieces: tuple[str, ...] = EXPLICIT_PIECES) -> Params:
+                              pieces: tuple[str, ...] = EXPLICIT_PIECES, embedding_rms: float | None = None) -> Params:
     """Random init (:func:`transformer_init` with ``key``) with ``pieces`` taken from the
     explicit low-rank factors of :func:`saffu.solve.factors.solve_factorised` at rank
     ``r = config.width`` (``factors["embeddings"] float32[P, V, r]``, ``["output_weights"]
@@ -178,7 +178,9 @@ def explicit_transformer_init(config: TransformerConfig, key: jax.Array, factors
     * ``"bias"``: the output bias is ``log p(y)`` (the unigram: the first thing a cold start
       learns; skipped for a model without an output bias, ``config.output_bias = False``);
     * ``"embeddings"``: the token embeddings are ``E_0`` (the current token's explicit embedding),
-      rescaled to the random embeddings' root-mean-square;
+      rescaled to the random embeddings' root-mean-square, or to ``embedding_rms`` where given
+      (``1.0``: the scale a norm layer outputs, so the embeddings are not buried under the
+      blocks' first outputs);
     * ``"output"``: the output kernel is ``B``, rescaled to the random kernel's root-mean-square.
 
     Rescaling keeps the initialiser's variance (pretrained vectors help from scratch only at
@@ -197,7 +199,8 @@ def explicit_transformer_init(config: TransformerConfig, key: jax.Array, factors
         params["output"]["bias"] = jnp.asarray(factors["output_bias"], jnp.float32)
     if "embeddings" in pieces:
         random = params["embed"]["embedding"]
-        params["embed"]["embedding"] = (E * (rms(random) / rms(E))).astype(random.dtype)
+        scale = rms(random) if embedding_rms is None else embedding_rms
+        params["embed"]["embedding"] = (E * (scale / rms(E))).astype(random.dtype)
     if "output" in pieces:
         random = params["output"]["kernel"]
         params["output"]["kernel"] = (B * (rms(random) / rms(B))).astype(random.dtype)
