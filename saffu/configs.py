@@ -991,6 +991,9 @@ class StartConfig:
       model: architecture of a new run (an existing run keeps its own)
       explicit_pieces: transformer --init explicit: output bias = log unigram, token embeddings and
         output kernel from the explicit factors (rank = --width), rescaled to the random init's scale
+      explicit_embedding_rms: transformer --init explicit: the explicit embeddings' root-mean-square
+        (default: the random init's; 1.0: the scale a norm layer outputs, which the budget sweep
+        measured against the default)
       residual: learn a residual over the exact model of this run (`saffu exact`): logits =
         λ · log P_exact + f(context), f's output layer at zero, so step 0 is the exact model
       bundle: with --residual: copy the exact model into the run (RUN/exact), so it survives moving
@@ -1013,6 +1016,7 @@ class StartConfig:
     init: str = "random"
     model: str = "saffu"
     explicit_pieces: tuple[str, ...] = EXPLICIT_PIECES
+    explicit_embedding_rms: float | None = None
     residual: str | None = None
     bundle: bool = False
     reference: str | None = None

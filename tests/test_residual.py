@@ -214,6 +214,8 @@ def test_explicit_init_keeps_the_random_tree_and_takes_the_factors(tiny_workdir)
         explicit_transformer_init(TransformerConfig(V, width=32, layers=1, heads=2), key, factors)
     with pytest.raises(SaffuError, match="pieces"):
         explicit_transformer_init(config, key, factors, ("attention",))
+    with pytest.raises(SaffuError, match="RMS must be > 0"):
+        explicit_transformer_init(config, key, factors, embedding_rms=0.0)
 
 
 @pytest.mark.slow   # end to end through the CLI (exact, train, eval, blimp, generate): about 40 s

@@ -193,6 +193,8 @@ def explicit_transformer_init(config: TransformerConfig, key: jax.Array, factors
     if E.shape != (config.vocab_size, config.width) or B.shape != (config.width, config.vocab_size):
         raise SaffuError(f"explicit factors of shape {tuple(E.shape)} / {tuple(B.shape)} do not fit a transformer of "
                          f"width {config.width} and {config.vocab_size:,} tokens; solve them at rank {config.width}")
+    if embedding_rms is not None and not embedding_rms > 0:
+        raise SaffuError(f"the explicit embeddings' RMS must be > 0, not {embedding_rms}")
     params = transformer_init(config, key)
     rms = lambda x: jnp.sqrt(jnp.mean(jnp.square(x)))
     if "bias" in pieces and config.output_bias:

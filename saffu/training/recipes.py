@@ -386,7 +386,8 @@ def _start(workdir, run, start, key, new_model, residual, factors, progress, ann
         return config, params, 0.0
     if start.init == "explicit" and kind == "transformer":
         config = model()
-        params, seconds, _ = explicit_transformer_start(workdir, config, key, start.explicit_pieces, factors, progress)
+        params, seconds, _ = explicit_transformer_start(workdir, config, key, start.explicit_pieces, factors, progress,
+                                                        start.explicit_embedding_rms)
         start_run(run, config, workdir)
         return config, params, seconds
     config = check_inputs(run, workdir, streams=True) if start.init == "explicit" else model()
