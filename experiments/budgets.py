@@ -6,7 +6,9 @@ cosine schedule over all its steps (not one long run cut at checkpoints); width 
 at every budget, width 256 at 1 and 2 epochs for cold, explicit init and the better residual
 (the cross-fitted one: better at one epoch of width 128, and its folds' exact models, which do
 not depend on the width, are already solved); a second
-seed at the longest budget of width 128 for cold and explicit init (:data:`GRID`). Each run is
+seed at the longest budget of width 128 for cold and explicit init (:data:`GRID`); beyond it,
+``explicit-init-rms1`` (explicit init with the embeddings at RMS 1.0) at width 128
+(:data:`EXTRA`, run with ``--runs``). Each run is
 scored on the whole dev split; its result (final dev bits per byte, last training loss, seconds
 with the solve, FLOPs) lands in ``OUT/runs/<name>/result.json``, so the sweep can be run a few
 runs at a time, one process per core, and resumed (a run resumes from its checkpoint on the

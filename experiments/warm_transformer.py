@@ -318,8 +318,8 @@ def _plot(results: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
     full = [r for r in results if r["fraction"] == max(x["fraction"] for x in results)]
     figure, axes = plt.subplots(1, 3, figsize=(15, 4.2), sharey=True)
-    colours = dict(zip(VARIANTS, ("tab:gray", "tab:blue", "tab:cyan", "tab:purple", "tab:red", "tab:orange",
-                                  "tab:pink", "tab:green", "tab:brown")))
+    colours = dict(zip(VARIANTS, ("tab:gray", "tab:blue", "tab:olive", "tab:cyan", "tab:purple", "tab:red",
+                                  "tab:orange", "tab:pink", "tab:green", "tab:brown"), strict=True))
     for variant in VARIANTS:
         group = [r for r in full if r["variant"] == variant]
         for i, r in enumerate(group):
