@@ -104,7 +104,8 @@ def _budget_reading(rows: list[dict]) -> str:
     lines = []
     groups = sorted({(r["vocab_size"], r["width"]) for r in rows})
     for vocab, width in groups:
-        mine = [r for r in rows if (r["vocab_size"], r["width"], r["seed"]) == (vocab, width, 0)]
+        mine = [r for r in rows if (r["vocab_size"], r["width"], r["seed"]) == (vocab, width, 0)
+                and r.get("at_probed_rate", True)]
         budgets, parts, short, unknown = sorted({r["epochs"] for r in mine}), [], [], []
         for epochs in budgets:
             explicit = [r for r in mine if r["epochs"] == epochs and "multiplier" in r]
@@ -149,7 +150,8 @@ def _budget_reading(rows: list[dict]) -> str:
 
 def _crossfit_gaps(rows: list[dict]) -> str:
     """One line per budget where both residuals ran: their train–dev gaps and final bits per byte."""
-    runs = {(r["start"], r["vocab_size"], r["width"], r["epochs"], r["seed"]): r for r in rows}
+    runs = {(r["start"], r["vocab_size"], r["width"], r["epochs"], r["seed"]): r for r in rows
+            if r.get("at_probed_rate", True)}
     lines = []
     for (start, *rest), plain in sorted(runs.items(), key=lambda item: item[0][1:]):
         crossed = runs.get(("residual-crossfit", *rest)) if start == "residual" else None
@@ -395,6 +397,7 @@ def headline_block() -> str:
     if budgets:
         picked = {r["start"]: r for r in budgets["figures"]["rows"]      # the headline's vocabulary only
                   if r["width"] == 128 and r["epochs"] == 1 and r["seed"] == 0 and r["start"] in HEADLINE_STARTS
+                  and r.get("at_probed_rate", True)
                   and r.get("vocab_size", HEADLINE_VOCAB) == HEADLINE_VOCAB}
         for start, label in HEADLINE_STARTS.items():
             if start not in picked:
@@ -426,7 +429,7 @@ def lasts_block() -> str:
     start's (the one with the largest compute multiplier) and that multiplier."""
     budgets = _load("budgets")
     rows = [r for r in (budgets["figures"]["rows"] if budgets else []) if r["width"] == 128 and r["seed"] == 0
-            and r.get("vocab_size", HEADLINE_VOCAB) == HEADLINE_VOCAB]
+            and r.get("vocab_size", HEADLINE_VOCAB) == HEADLINE_VOCAB and r.get("at_probed_rate", True)]
     lines = []
     for epochs in sorted({r["epochs"] for r in rows}):
         cold = next((r for r in rows if r["start"] == "cold" and r["epochs"] == epochs), None)
