@@ -76,7 +76,7 @@ windows: that evaluation's loss on 128 evenly spaced dev windows — the train�
 difference.
 
 {f['table']}
-{_probes(f.get('probes', {}))}{_budget_reading(f['rows'])}{_crossfit_gaps(f['rows'])}
+{_probes(f.get('probes', {}))}{_budget_reading(f['rows'])}{_best_model(f['rows'])}{_crossfit_gaps(f['rows'])}
 ![dev loss against compute]({Path(f['plot']).name})
 """
 
@@ -146,6 +146,39 @@ def _budget_reading(rows: list[dict]) -> str:
             line += " Train–dev gap: " + "; ".join(gaps) + "."
         lines.append(line)
     return ("\nWhat the sweep says so far (seed 0):\n\n" + "\n".join(lines) + "\n") if lines else ""
+
+
+#: The issue's target for the best model of the sweep (whole-dev bits per byte).
+BEST_MODEL_TARGET = 1.72
+
+
+def _best_model(rows: list[dict]) -> str:
+    """The sweep's best model (at its start's probed rate) against :data:`BEST_MODEL_TARGET`, and
+    the best explicit start of another architecture from ``results/any_model.json`` (same data,
+    trainer and dev split), where there is one."""
+    probed = [r for r in rows if r.get("at_probed_rate", True)]
+    if not probed:
+        return ""
+    best = min(probed, key=lambda r: r["dev_bpb"])
+    line = (f"\nBest model of the sweep: {best['start']}, {best['epochs']} epoch{'s' * (best['epochs'] > 1)}, "
+            f"width {best['width']}, V {best['vocab_size']:,}: {best['dev_bpb']:.4f} bits/byte, "
+            + ("at or below" if best["dev_bpb"] <= BEST_MODEL_TARGET else "above")
+            + f" the target of {BEST_MODEL_TARGET:g}.")
+    other = _load("any_model")
+    if other:
+        g = other["figures"]
+        name, bpb = min(((m, g[f"{m}_explicit_dev_bpb"]) for m in ("llama", "neox") if f"{m}_explicit_dev_bpb" in g),
+                        key=lambda item: item[1], default=(None, None))
+        if name is not None:
+            cold = [r for r in probed if (r["start"], r["width"], r["epochs"], r["seed"], r["vocab_size"])
+                    == ("cold", 128, 1, 0, HEADLINE_VOCAB)]
+            line += (f" For comparison, explicit init of penzai's {name} (same width, depth, data and trainer; "
+                     f"[any_model](any_model.md)) reached {bpb:.4f} in one epoch, from {g[name + '_random_dev_bpb']:.4f} "
+                     "at random init"
+                     + (f" (the sweep's transformer: {cold[0]['dev_bpb']:.4f} cold)" if cold else "")
+                     + (": the same start gains more in that architecture, the lever left for the target."
+                        if bpb < best["dev_bpb"] else "."))
+    return line + "\n"
 
 
 def _crossfit_gaps(rows: list[dict]) -> str:
