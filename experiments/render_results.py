@@ -136,6 +136,12 @@ def _budget_reading(rows: list[dict]) -> str:
                      + f"), its training loss too ({best_cold['train_loss']:.3f} → {worse[-1]['train_loss']:.3f}), so "
                      "it is the optimisation, not overfitting: the probe's rate (chosen at one epoch) suits long cold "
                      "runs badly, and beyond that budget the multiplier is against cold at that rate only.")
+        shares = sorted((r["epochs"], r["share_of_steps_to_cold"]) for r in mine
+                        if r["start"] == "explicit-init" and r.get("share_of_steps_to_cold") is not None)
+        if shares:
+            line += (" Explicit init reaches cold's final loss of the same budget in "
+                     + " / ".join(f"{share:.1%}" for _, share in shares) + " of its steps at "
+                     + " / ".join(str(epochs) for epochs, _ in shares) + f" epoch{'s' * (shares[-1][0] > 1)}.")
         gaps = []
         for start in ("cold", "explicit-init"):
             runs = sorted((r for r in mine if r["start"] == start), key=lambda r: r["epochs"])
