@@ -145,13 +145,17 @@ def test_the_headline_shows_the_sweeps_first_vocabulary_only(monkeypatch):
 def test_the_budget_reading_tells_a_measured_shortfall_from_an_unknown_one():
     from budgets import multiplier_text
 
-    def row(epochs, multiplier, how, start="explicit-init"):
+    def row(epochs, multiplier, how, start="explicit-init", bpb=1.8):
         return {"start": start, "width": 128, "epochs": epochs, "seed": 0, "vocab_size": 8192, "multiplier": multiplier,
                 "multiplier_is": how, "multiplier_text": multiplier_text(multiplier, how), "train_loss": 4.0,
-                "last_dev_window_loss": 4.1}
+                "last_dev_window_loss": 4.1, "dev_bpb": bpb}
     reading = render_results._budget_reading([row(1, 3.5, "beyond"), row(2, 1.5, "interpolated"),
-                                              row(4, 1.9964, "beyond")])
-    assert "1 epoch ≥ 3.50×" in reading and "2 epochs 1.50×" in reading
+                                              row(4, 1.9964, "beyond"),
+                                              # a better model of the budget whose lower bound is smaller: it is
+                                              # the budget's best start (bounds do not rank); a worse one is not
+                                              row(1, 3.1, "beyond", "residual", bpb=1.7),
+                                              row(2, 9.0, "interpolated", "residual", bpb=1.9)])
+    assert "1 epoch ≥ 3.10× (residual)" in reading and "2 epochs 1.50× (explicit-init)" in reading
     assert "4 epochs ≥ 1.99×" in reading                      # a lower bound is rounded down, never up
     assert "Below 2× at 2 epochs." in reading                 # measured on cold's curve
     assert "Not known yet at 4 epochs" in reading             # a lower bound under the bar says nothing yet
