@@ -1027,6 +1027,10 @@ class StartConfig:
     ffn_from: str | None = None
     devices: int = 1
 
+    def __post_init__(self):
+        if self.explicit_embedding_rms is not None and not self.explicit_embedding_rms > 0:
+            raise SaffuError(f"--explicit-embedding-rms must be > 0, not {self.explicit_embedding_rms}")
+
 
 FIELD_CHOICES.update({(StartConfig, "init"): INIT_KINDS, (StartConfig, "model"): MODEL_KINDS,
                       (StartConfig, "explicit_pieces"): EXPLICIT_PIECES, (StartConfig, "grow_by"): GROW_BY})

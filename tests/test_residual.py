@@ -15,6 +15,7 @@ from saffu.configs import (
     FactorisedConfig,
     ResidualConfig,
     SaffuConfig,
+    StartConfig,
     TrainConfig,
     TransformerConfig,
 )
@@ -216,6 +217,8 @@ def test_explicit_init_keeps_the_random_tree_and_takes_the_factors(tiny_workdir)
         explicit_transformer_init(config, key, factors, ("attention",))
     with pytest.raises(SaffuError, match="RMS must be > 0"):
         explicit_transformer_init(config, key, factors, embedding_rms=0.0)
+    with pytest.raises(SaffuError, match="--explicit-embedding-rms must be > 0"):   # before any solve
+        StartConfig(init="explicit", model="transformer", explicit_embedding_rms=-1.0)
 
 
 @pytest.mark.slow   # end to end through the CLI (exact, train, eval, blimp, generate): about 40 s
