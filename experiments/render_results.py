@@ -130,12 +130,18 @@ def _budget_reading(rows: list[dict]) -> str:
                      + (" (and a longer cold run at the same learning rate would not tell, as the next sentence says)." if worse
                         else " (a longer cold run would tell)."))
         if worse:
-            line += (f" Cold is best at {best_cold['epochs']} epochs ({best_cold['dev_bpb']:.4f}) and worse with more "
-                     "compute at its learning rate (" + ", ".join(f"{r['epochs']} epochs {r['dev_bpb']:.4f}"
-                                                        for r in worse)
-                     + f"), its training loss too ({best_cold['train_loss']:.3f} → {worse[-1]['train_loss']:.3f}), so "
-                     "it is the optimisation, not overfitting: the probe's rate (chosen at one epoch) suits long cold "
-                     "runs badly, and beyond that budget the multiplier is against cold at that rate only.")
+            epochs_text = lambda epochs: f"{epochs} epoch{'s' * (epochs > 1)}"
+            rose = worse[-1]["train_loss"] > best_cold["train_loss"]
+            line += (f" Cold is best at {epochs_text(best_cold['epochs'])} ({best_cold['dev_bpb']:.4f}) and worse with "
+                     "more compute at its learning rate (" + ", ".join(f"{epochs_text(r['epochs'])} {r['dev_bpb']:.4f}"
+                                                             for r in worse) + "), "
+                     + (f"its training loss too ({best_cold['train_loss']:.3f} → {worse[-1]['train_loss']:.3f}), so "
+                        "it is the optimisation, not overfitting: the probe's rate (chosen at one epoch and width 128) "
+                        "suits long cold runs badly" if rose else
+                        f"while its training loss fell ({best_cold['train_loss']:.3f} → "
+                        f"{worse[-1]['train_loss']:.3f}): it fits the training data better and generalises worse at "
+                        "the probe's rate (chosen at one epoch and width 128)")
+                     + ", and beyond that budget the multiplier is against cold at that rate only.")
         shares = sorted((r["epochs"], r["share_of_steps_to_cold"]) for r in mine
                         if r["start"] == "explicit-init" and r.get("share_of_steps_to_cold") is not None)
         if shares:

@@ -173,3 +173,9 @@ def test_the_budget_reading_says_when_cold_gets_worse_with_more_compute():
                                                            "multiplier": 1.9, "multiplier_is": "beyond",
                                                            "multiplier_text": "≥ 1.90×"}])
     assert "Cold is best" not in monotone and "a longer cold run would tell" in monotone
+    # worse on dev while the training loss fell: said as such, not as the optimisation
+    fitted = render_results._budget_reading([cold(1, 1.9, 4.6), cold(2, 1.95, 4.5),
+                                             {**cold(1, 1.8, 4.3), "start": "explicit-init", "multiplier": 1.5,
+                                              "multiplier_is": "beyond", "multiplier_text": "≥ 1.50×"}])
+    assert "Cold is best at 1 epoch (1.9000)" in fitted and "training loss fell (4.600 → 4.500)" in fitted
+    assert "not overfitting" not in fitted
