@@ -276,19 +276,20 @@ def _plot(rows: list[dict], path: Path) -> str:
     import matplotlib.pyplot as plt
     colours = {"cold": "tab:gray", "explicit-init": "tab:blue", "residual": "tab:red", "residual-crossfit": "tab:brown",
                "explicit-init-rms1": "tab:cyan"}
-    figure, axis = plt.subplots(figsize=(7.5, 4.5))
+    figure, axis = plt.subplots(figsize=(10, 4.5))
     for start in STARTS:
         for width, vocab, marker, line in ((128, FIRST_VOCAB, "o", "-"), (256, FIRST_VOCAB, "s", "-"),
                                            *((128, v, "^", "--") for v in sorted({r["vocab_size"] for r in rows})
                                              if v != FIRST_VOCAB)):
             mine = sorted((r for r in rows if r["start"] == start and r["width"] == width
                            and r["vocab_size"] == vocab), key=lambda r: r["compute"])
-            points = [(r["compute"], r["dev_bpb"]) for r in mine if r["seed"] == 0]
+            main = lambda r: r["seed"] == 0 and r.get("at_probed_rate", True)
+            points = [(r["compute"], r["dev_bpb"]) for r in mine if main(r)]
             if points:
                 axis.plot(*zip(*points), marker=marker, linestyle=line, color=colours[start],
                           label=f"{start}, width {width}" + (f", V {vocab:,}" if vocab != FIRST_VOCAB else ""))
-            for r in mine:                  # each point's budget; other seeds as open markers
-                if r["seed"] != 0:
+            for r in mine:                  # each point's budget; other seeds and rates as open markers
+                if not main(r):
                     axis.plot(r["compute"], r["dev_bpb"], marker=marker, linestyle="none", color=colours[start],
                               markerfacecolor="none")
                 axis.annotate(f"{r['epochs']}", (r["compute"], r["dev_bpb"]), textcoords="offset points",
@@ -298,11 +299,11 @@ def _plot(rows: list[dict], path: Path) -> str:
     axis.set_ylabel("whole-dev bits per byte")
     epochs = " / ".join(str(e) for e in sorted({r["epochs"] for r in rows}))
     seeds = sorted({r["seed"] for r in rows})
-    axis.set_title(f"babylm-2023-4src: dev loss against compute, {epochs} epochs (numbers by the points)"
-                   + ("; open markers: seed " + ", ".join(str(s) for s in seeds[1:]) if len(seeds) > 1 else ""),
-                   fontsize=10)
+    axis.set_title(f"babylm-2023-4src: dev loss against compute, {epochs} epochs (the numbers by the points)\n"
+                   + "open markers: " + ("seed " + ", ".join(str(s) for s in seeds[1:]) + " or " if len(seeds) > 1
+                                         else "") + "another learning rate than the start's probe chose", fontsize=10)
     axis.grid(alpha=0.3, which="both")
-    axis.legend(fontsize=8)
+    axis.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
