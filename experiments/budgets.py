@@ -277,13 +277,13 @@ def _plot(rows: list[dict], path: Path) -> str:
     colours = {"cold": "tab:gray", "explicit-init": "tab:blue", "residual": "tab:red", "residual-crossfit": "tab:brown",
                "explicit-init-rms1": "tab:cyan"}
     figure, axis = plt.subplots(figsize=(10, 4.5))
+    main = lambda r: r["seed"] == 0 and r["at_probed_rate"]     # on the lines; the others as open markers
     for start in STARTS:
         for width, vocab, marker, line in ((128, FIRST_VOCAB, "o", "-"), (256, FIRST_VOCAB, "s", "-"),
                                            *((128, v, "^", "--") for v in sorted({r["vocab_size"] for r in rows})
                                              if v != FIRST_VOCAB)):
             mine = sorted((r for r in rows if r["start"] == start and r["width"] == width
                            and r["vocab_size"] == vocab), key=lambda r: r["compute"])
-            main = lambda r: r["seed"] == 0 and r.get("at_probed_rate", True)
             points = [(r["compute"], r["dev_bpb"]) for r in mine if main(r)]
             if points:
                 axis.plot(*zip(*points), marker=marker, linestyle=line, color=colours[start],
@@ -346,13 +346,12 @@ def main(argv=None):
     finished = lambda run: result(args.out, *run, RATES[run[0]]) or recorded.get((*run, RATES[run[0]], vocab))
     pending = [run for run in GRID if finished(run) is None]
     if args.plan:
-        for run in GRID + [None] + EXTRA:
-            if run is None:
-                print("beyond the issue's sweep (--runs):")
-                continue
-            done = finished(run)
-            state = f"dev {done['dev_bpb']:.4f} bits/byte" if done else "to run"
-            print(f"{run[0]:>18}  {run[1]} epochs  width {run[2]}  seed {run[3]}  lr {RATES[run[0]]:g}: {state}")
+        for heading, runs in (("", GRID), ("beyond the issue's sweep (--runs):\n", EXTRA)):
+            print(heading, end="")
+            for run in runs:
+                done = finished(run)
+                state = f"dev {done['dev_bpb']:.4f} bits/byte" if done else "to run"
+                print(f"{run[0]:>18}  {run[1]} epochs  width {run[2]}  seed {run[3]}  lr {RATES[run[0]]:g}: {state}")
     todo += [(*run, RATES[run[0]]) for run in pending[:args.next]]
     if todo and args.workdir is None:
         parser.error("--workdir is required to train")

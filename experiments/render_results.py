@@ -58,6 +58,7 @@ step again (each call builds its own jitted step), which is what the per-resume 
 
 def budgets(record: dict) -> str:
     f = record["figures"]
+    probed = _at_probed_rates(f["rows"])
     return f"""# Budget sweep: does the explicit start last?
 
 Generated from [`results/budgets.json`](../../results/budgets.json) by `experiments/render_results.py`.
@@ -76,7 +77,7 @@ windows: that evaluation's loss on 128 evenly spaced dev windows — the train�
 difference.
 
 {f['table']}
-{_probes(f.get('probes', {}))}{_budget_reading(f['rows'])}{_best_model(f['rows'])}{_crossfit_gaps(f['rows'])}
+{_probes(f.get('probes', {}))}{_budget_reading(probed)}{_best_model(probed)}{_crossfit_gaps(probed)}
 ![dev loss against compute]({Path(f['plot']).name})
 """
 
@@ -93,6 +94,17 @@ def _probes(probes: dict) -> str:
             "its last periodic dev loss):\n\n" + "\n".join(lines) + "\n")
 
 
+def _epochs(n: int) -> str:
+    """``"1 epoch"``, ``"2 epochs"``."""
+    return f"{n} epoch{'s' * (n > 1)}"
+
+
+def _at_probed_rates(rows: list[dict]) -> list[dict]:
+    """The sweep's rows at their start's probed learning rate: a run at another rate is listed in
+    the table, never a start's figure (rows written before the flag were all at their probe's)."""
+    return [r for r in rows if r.get("at_probed_rate", True)]
+
+
 #: The compute multiplier the issue asks of the best explicit start at every budget.
 MULTIPLIER_BAR = 2.0
 
@@ -104,15 +116,14 @@ def _budget_reading(rows: list[dict]) -> str:
     lines = []
     groups = sorted({(r["vocab_size"], r["width"]) for r in rows})
     for vocab, width in groups:
-        mine = [r for r in rows if (r["vocab_size"], r["width"], r["seed"]) == (vocab, width, 0)
-                and r.get("at_probed_rate", True)]
+        mine = [r for r in rows if (r["vocab_size"], r["width"], r["seed"]) == (vocab, width, 0)]
         budgets, parts, short, unknown = sorted({r["epochs"] for r in mine}), [], [], []
         for epochs in budgets:
             explicit = [r for r in mine if r["epochs"] == epochs and "multiplier" in r]
             if not explicit:
                 continue
             best = min(explicit, key=lambda r: r["dev_bpb"])      # the best model of the budget
-            budget = f"{epochs} epoch{'s' * (epochs > 1)}"
+            budget = _epochs(epochs)
             parts.append(f"{budget} {best['multiplier_text']} ({best['start']})")
             if best["multiplier"] < MULTIPLIER_BAR:
                 (unknown if best["multiplier_is"] == "beyond" else short).append(budget)
@@ -130,10 +141,9 @@ def _budget_reading(rows: list[dict]) -> str:
                      + (" (and a longer cold run at the same learning rate would not tell, as the next sentence says)." if worse
                         else " (a longer cold run would tell)."))
         if worse:
-            epochs_text = lambda epochs: f"{epochs} epoch{'s' * (epochs > 1)}"
             rose = worse[-1]["train_loss"] > best_cold["train_loss"]
-            line += (f" Cold is best at {epochs_text(best_cold['epochs'])} ({best_cold['dev_bpb']:.4f}) and worse with "
-                     "more compute at its learning rate (" + ", ".join(f"{epochs_text(r['epochs'])} {r['dev_bpb']:.4f}"
+            line += (f" Cold is best at {_epochs(best_cold['epochs'])} ({best_cold['dev_bpb']:.4f}) and worse with "
+                     "more compute at its learning rate (" + ", ".join(f"{_epochs(r['epochs'])} {r['dev_bpb']:.4f}"
                                                              for r in worse) + "), "
                      + (f"its training loss too ({best_cold['train_loss']:.3f} → {worse[-1]['train_loss']:.3f}), so "
                         "it is the optimisation, not overfitting: the probe's rate (chosen at one epoch and width 128) "
@@ -147,7 +157,8 @@ def _budget_reading(rows: list[dict]) -> str:
         if shares:
             line += (" Explicit init reaches cold's final loss of the same budget in "
                      + " / ".join(f"{share:.1%}" for _, share in shares) + " of its steps at "
-                     + " / ".join(str(epochs) for epochs, _ in shares) + f" epoch{'s' * (shares[-1][0] > 1)}.")
+                     + " / ".join(str(epochs) for epochs, _ in shares[:-1])
+                     + (" / " if len(shares) > 1 else "") + _epochs(shares[-1][0]) + ".")
         gaps = []
         for start in ("cold", "explicit-init"):
             runs = sorted((r for r in mine if r["start"] == start), key=lambda r: r["epochs"])
@@ -165,14 +176,13 @@ BEST_MODEL_TARGET = 1.72
 
 
 def _best_model(rows: list[dict]) -> str:
-    """The sweep's best model (at its start's probed rate) against :data:`BEST_MODEL_TARGET`, and
+    """The sweep's best model against :data:`BEST_MODEL_TARGET`, and
     the best explicit start of another architecture from ``results/any_model.json`` (same data,
     trainer and dev split), where there is one."""
-    probed = [r for r in rows if r.get("at_probed_rate", True)]
-    if not probed:
+    if not rows:
         return ""
-    best = min(probed, key=lambda r: r["dev_bpb"])
-    line = (f"\nBest model of the sweep: {best['start']}, {best['epochs']} epoch{'s' * (best['epochs'] > 1)}, "
+    best = min(rows, key=lambda r: r["dev_bpb"])
+    line = (f"\nBest model of the sweep: {best['start']}, {_epochs(best['epochs'])}, "
             f"width {best['width']}, V {best['vocab_size']:,}: {best['dev_bpb']:.4f} bits/byte, "
             + ("at or below" if best["dev_bpb"] <= BEST_MODEL_TARGET else "above")
             + f" the target of {BEST_MODEL_TARGET:g}.")
@@ -182,7 +192,7 @@ def _best_model(rows: list[dict]) -> str:
         name, bpb = min(((m, g[f"{m}_explicit_dev_bpb"]) for m in ("llama", "neox") if f"{m}_explicit_dev_bpb" in g),
                         key=lambda item: item[1], default=(None, None))
         if name is not None:
-            cold = [r for r in probed if (r["start"], r["width"], r["epochs"], r["seed"], r["vocab_size"])
+            cold = [r for r in rows if (r["start"], r["width"], r["epochs"], r["seed"], r["vocab_size"])
                     == ("cold", 128, 1, 0, HEADLINE_VOCAB)]
             line += (f" For comparison, explicit init of penzai's {name} (same width, depth, data and trainer; "
                      f"[any_model](any_model.md)) reached {bpb:.4f} in one epoch, from {g[name + '_random_dev_bpb']:.4f} "
@@ -195,8 +205,7 @@ def _best_model(rows: list[dict]) -> str:
 
 def _crossfit_gaps(rows: list[dict]) -> str:
     """One line per budget where both residuals ran: their train–dev gaps and final bits per byte."""
-    runs = {(r["start"], r["vocab_size"], r["width"], r["epochs"], r["seed"]): r for r in rows
-            if r.get("at_probed_rate", True)}
+    runs = {(r["start"], r["vocab_size"], r["width"], r["epochs"], r["seed"]): r for r in rows}
     lines = []
     for (start, *rest), plain in sorted(runs.items(), key=lambda item: item[0][1:]):
         crossed = runs.get(("residual-crossfit", *rest)) if start == "residual" else None
@@ -205,7 +214,7 @@ def _crossfit_gaps(rows: list[dict]) -> str:
         gap = lambda r: r["last_dev_window_loss"] - r["train_loss"]
         closed = 1 - gap(crossed) / gap(plain) if gap(plain) > 0 else float("nan")
         vocab, width, epochs, seed = rest
-        lines.append(f"* V {vocab:,}, width {width}, {epochs} epoch{'s' * (epochs > 1)}, seed {seed}: train–dev gap "
+        lines.append(f"* V {vocab:,}, width {width}, {_epochs(epochs)}, seed {seed}: train–dev gap "
                      f"{gap(plain):.3f} nats (plain residual) against {gap(crossed):.3f} (cross-fitted), "
                      f"{closed:.0%} of it closed; dev {plain['dev_bpb']:.4f} against {crossed['dev_bpb']:.4f} bits/byte.")
     return ("\nCross-fitting (the residual's explicit part never counted the batch it scores):\n\n"
@@ -440,9 +449,8 @@ def headline_block() -> str:
     rows = []
     budgets = _load("budgets")
     if budgets:
-        picked = {r["start"]: r for r in budgets["figures"]["rows"]      # the headline's vocabulary only
+        picked = {r["start"]: r for r in _at_probed_rates(budgets["figures"]["rows"])  # the headline's vocabulary only
                   if r["width"] == 128 and r["epochs"] == 1 and r["seed"] == 0 and r["start"] in HEADLINE_STARTS
-                  and r.get("at_probed_rate", True)
                   and r.get("vocab_size", HEADLINE_VOCAB) == HEADLINE_VOCAB}
         for start, label in HEADLINE_STARTS.items():
             if start not in picked:
@@ -473,8 +481,8 @@ def lasts_block() -> str:
     ``V`` = :data:`HEADLINE_VOCAB` and seed 0, cold's dev bits per byte against the best explicit
     start's (the one with the lowest dev loss: lower bounds of multipliers do not rank) and its multiplier."""
     budgets = _load("budgets")
-    rows = [r for r in (budgets["figures"]["rows"] if budgets else []) if r["width"] == 128 and r["seed"] == 0
-            and r.get("vocab_size", HEADLINE_VOCAB) == HEADLINE_VOCAB and r.get("at_probed_rate", True)]
+    rows = [r for r in _at_probed_rates(budgets["figures"]["rows"] if budgets else []) if r["width"] == 128
+            and r["seed"] == 0 and r.get("vocab_size", HEADLINE_VOCAB) == HEADLINE_VOCAB]
     lines = []
     for epochs in sorted({r["epochs"] for r in rows}):
         cold = next((r for r in rows if r["start"] == "cold" and r["epochs"] == epochs), None)
