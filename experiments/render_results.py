@@ -77,7 +77,7 @@ windows: that evaluation's loss on 128 evenly spaced dev windows — the train�
 difference.
 
 {f['table']}
-{_probes(f.get('probes', {}))}{_budget_reading(probed)}{_best_model(probed)}{_crossfit_gaps(probed)}
+{_probes(f.get('probes', {}))}{_budget_reading(probed)}{_seed_reading(probed)}{_best_model(probed)}{_crossfit_gaps(probed)}
 ![dev loss against compute]({Path(f['plot']).name})
 """
 
@@ -169,6 +169,44 @@ def _budget_reading(rows: list[dict]) -> str:
             line += " Train–dev gap: " + "; ".join(gaps) + "."
         lines.append(line)
     return ("\nWhat the sweep says so far (seed 0):\n\n" + "\n".join(lines) + "\n") if lines else ""
+
+
+def _seed_reading(rows: list[dict]) -> str:
+    """One line per vocabulary, width and budget run with more than one seed: each start's dev
+    bits per byte per seed and their spread, each explicit start's lead over cold of the same
+    seed (the lead against the seed-to-seed noise) and its multiplier per seed."""
+    lines = []
+    for vocab, width, epochs in sorted({(r["vocab_size"], r["width"], r["epochs"]) for r in rows}):
+        mine = [r for r in rows if (r["vocab_size"], r["width"], r["epochs"]) == (vocab, width, epochs)]
+        seeds = sorted({r["seed"] for r in mine})
+        by_start = {start: {r["seed"]: r for r in mine if r["start"] == start}
+                    for start in dict.fromkeys(r["start"] for r in mine)}
+        repeated = {start: runs for start, runs in by_start.items() if len(runs) > 1}
+        if not repeated:
+            continue
+        parts = []
+        for start, runs in repeated.items():
+            bpb = [runs[s]["dev_bpb"] for s in sorted(runs)]
+            parts.append(f"{start} " + " / ".join(f"{b:.4f}" for b in bpb)
+                         + f" (spread {max(bpb) - min(bpb):.4f})")
+        line = (f"* V {vocab:,}, width {width}, {_epochs(epochs)}, seeds "
+                + " / ".join(str(s) for s in seeds) + ": " + ", ".join(parts) + ".")
+        cold = by_start.get("cold", {})
+        for start, runs in repeated.items():
+            paired = [s for s in sorted(runs) if s in cold]
+            if start == "cold" or len(paired) < 2:
+                continue
+            leads = [cold[s]["dev_bpb"] - runs[s]["dev_bpb"] for s in paired]
+            line += (f" {start}'s lead over cold of the same seed: " + " / ".join(f"{d:.4f}" for d in leads)
+                     + " bits/byte" + (", every seed ahead" if min(leads) > 0 else ", not every seed ahead"))
+            multipliers = [runs[s].get("multiplier_text") for s in paired]
+            if all(multipliers):
+                line += ("; its multiplier per seed " + " / ".join(multipliers)
+                         + " (against cold's curve with its seeds averaged)")
+            line += "."
+        lines.append(line)
+    return ("\nSeeds (a budget run again with another seed; the spread is the largest minus the smallest):\n\n"
+            + "\n".join(lines) + "\n") if lines else ""
 
 
 #: The issue's target for the best model of the sweep (whole-dev bits per byte).
@@ -481,8 +519,9 @@ def lasts_block() -> str:
     ``V`` = :data:`HEADLINE_VOCAB` and seed 0, cold's dev bits per byte against the best explicit
     start's (the one with the lowest dev loss: lower bounds of multipliers do not rank) and its multiplier."""
     budgets = _load("budgets")
-    rows = [r for r in _at_probed_rates(budgets["figures"]["rows"] if budgets else []) if r["width"] == 128
-            and r["seed"] == 0 and r.get("vocab_size", HEADLINE_VOCAB) == HEADLINE_VOCAB]
+    every_seed = [r for r in _at_probed_rates(budgets["figures"]["rows"] if budgets else []) if r["width"] == 128
+                  and r.get("vocab_size", HEADLINE_VOCAB) == HEADLINE_VOCAB]
+    rows = [r for r in every_seed if r["seed"] == 0]
     lines = []
     for epochs in sorted({r["epochs"] for r in rows}):
         cold = next((r for r in rows if r["start"] == "cold" and r["epochs"] == epochs), None)
@@ -495,9 +534,19 @@ def lasts_block() -> str:
                         f"{best['multiplier_text']} |" if best else "– | – | – |") + f" {minutes} |")
     if not lines:
         return "No results file yet: run `experiments/budgets.py --report`.\n"
+    others = []                         # the same budget run with another seed: the noise beside the lead
+    for r in sorted((r for r in every_seed if r["seed"] != 0 and r["start"] != "cold"),
+                    key=lambda r: (r["epochs"], r["seed"])):
+        cold = next((c for c in every_seed if (c["start"], c["epochs"], c["seed"]) == ("cold", r["epochs"], r["seed"])),
+                    None)
+        others.append(f"Seed {r['seed']} at {_epochs(r['epochs'])}: "
+                      + (f"cold {cold['dev_bpb']:.4f}, " if cold else "")
+                      + f"{START_LABELS.get(r['start'], r['start'])} {r['dev_bpb']:.4f}"
+                      + (f" (compute multiplier {r['multiplier_text']})" if "multiplier" in r else "") + ".")
     return ("| epochs | cold (bits/byte) | best explicit start (lowest dev loss) | its bits/byte | compute multiplier "
             "| minutes on one core, cold / explicit (solve included) |\n"
-            "|---:|---:|---|---:|---|---|\n" + "\n".join(lines) + "\n")
+            "|---:|---:|---|---:|---|---|\n" + "\n".join(lines) + "\n"
+            + ("\n" + "\n".join(others) + "\n" if others else ""))
 
 
 def setup_block() -> str:

@@ -179,3 +179,32 @@ def test_the_budget_reading_says_when_cold_gets_worse_with_more_compute():
                                               "multiplier_is": "beyond", "multiplier_text": "≥ 1.50×"}])
     assert "Cold is best at 1 epoch (1.9000)" in fitted and "training loss fell (4.600 → 4.500)" in fitted
     assert "not overfitting" not in fitted
+
+
+def test_the_seed_reading_sets_each_lead_against_the_seed_spread():
+    def row(start, seed, bpb, multiplier=None):
+        r = {"start": start, "width": 128, "epochs": 4, "seed": seed, "vocab_size": 8192, "dev_bpb": bpb}
+        return {**r, "multiplier": 2.5, "multiplier_is": "beyond", "multiplier_text": multiplier} if multiplier else r
+    rows = [row("cold", 0, 1.82), row("cold", 1, 1.83), row("explicit-init", 0, 1.76, "≥ 1.99×"),
+            row("explicit-init", 1, 1.84, "≤ 0.90×"), row("residual", 0, 1.78, "≥ 2.10×")]
+    reading = render_results._seed_reading(rows)
+    assert "4 epochs, seeds 0 / 1: cold 1.8200 / 1.8300 (spread 0.0100)" in reading
+    assert "explicit-init 1.7600 / 1.8400 (spread 0.0800)" in reading
+    # the lead is paired by seed, and a seed behind cold is said
+    assert "explicit-init's lead over cold of the same seed: 0.0600 / -0.0100 bits/byte, not every seed ahead" in reading
+    assert "its multiplier per seed ≥ 1.99× / ≤ 0.90×" in reading
+    assert "residual 1.78" not in reading                     # one seed only: nothing to compare
+    assert render_results._seed_reading(rows[::2]) == ""       # no budget with two seeds of one start
+
+
+def test_the_readme_lasts_block_lists_the_other_seeds_under_the_table(monkeypatch):
+    def row(start, epochs, seed, bpb):
+        r = {"start": start, "width": 128, "epochs": epochs, "seed": seed, "vocab_size": 8192, "dev_bpb": bpb,
+             "train_seconds": 600.0, "solve_seconds": 0.0}
+        return r if start == "cold" else {**r, "multiplier": 2.0, "multiplier_is": "beyond", "multiplier_text": "≥ 2.00×"}
+    rows = [row("cold", 4, 0, 1.8211), row("explicit-init", 4, 0, 1.7511),
+            row("cold", 4, 1, 1.8322), row("explicit-init", 4, 1, 1.7622)]
+    monkeypatch.setattr(render_results, "_load", lambda name: {"figures": {"rows": rows}} if name == "budgets" else None)
+    block = render_results.lasts_block()
+    assert "| 4 | 1.8211 | explicit init | 1.7511 |" in block            # the table is seed 0's
+    assert "Seed 1 at 4 epochs: cold 1.8322, explicit init 1.7622 (compute multiplier ≥ 2.00×)." in block
