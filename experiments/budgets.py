@@ -44,6 +44,7 @@ import argparse
 import datetime
 import json
 import math
+import statistics
 import sys
 from pathlib import Path
 
@@ -153,6 +154,23 @@ def share_of_steps_to_cold(row: dict, rows: list[dict]) -> float | None:
         return None
     step = steps_to_reach(row["curve"], cold["curve"][-1][1])
     return None if step is None else step / row["steps"]
+
+
+def estimate_minutes(run: tuple[str, int, int, int], rows: list[dict], vocab: int) -> float | None:
+    """About how long an unfinished run ``(start, epochs, width, seed)`` takes on one core, from
+    the finished runs of the same width and vocabulary: their median training seconds per step
+    (every start's: a step costs about the same whatever the start, and the median of more runs
+    is less at the mercy of the load one of them ran under) times the run's steps, plus the
+    start's median solve seconds (0 where none of its runs finished: its solve is unknown).
+    ``None``: no finished run of that width and vocabulary."""
+    start, epochs, width, _ = run
+    same = [r for r in rows if r["width"] == width and r.get("vocab_size", FIRST_VOCAB) == vocab and r["steps"]]
+    if not same:
+        return None
+    per_step = statistics.median(r["train_seconds"] / r["steps"] for r in same)
+    steps_per_epoch = statistics.median(r["steps"] / r["epochs"] for r in same)
+    solve = statistics.median([r["solve_seconds"] for r in same if r["start"] == start] or [0.0])
+    return (per_step * steps_per_epoch * epochs + solve) / 60
 
 
 DERIVED = ("cold_compute_to_match", "multiplier", "multiplier_is", "multiplier_text", "share_of_steps_to_cold",
@@ -350,7 +368,9 @@ def main(argv=None):
             print(heading, end="")
             for run in runs:
                 done = finished(run)
-                state = f"dev {done['dev_bpb']:.4f} bits/byte" if done else "to run"
+                minutes = estimate_minutes(run, list(recorded.values()), vocab)
+                state = (f"dev {done['dev_bpb']:.4f} bits/byte" if done else "to run"
+                         + ("" if minutes is None else f", about {minutes:.0f} min on one core"))
                 print(f"{run[0]:>18}  {run[1]} epochs  width {run[2]}  seed {run[3]}  lr {RATES[run[0]]:g}: {state}")
     todo += [(*run, RATES[run[0]]) for run in pending[:args.next]]
     if todo and args.workdir is None:

@@ -83,3 +83,16 @@ def test_a_bad_run_spec_is_one_usage_error(spec, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["--workdir", "nowhere", "--runs", spec])
     assert exit_.value.code == 2 and spec in capsys.readouterr().err
+
+
+def test_the_plans_estimate_is_the_median_step_times_the_steps_plus_the_starts_solve():
+    from budgets import estimate_minutes
+    row = lambda start, epochs, seconds, solve, width=128, vocab=8192: {
+        "start": start, "epochs": epochs, "width": width, "vocab_size": vocab, "steps": 100 * epochs,
+        "train_seconds": seconds, "solve_seconds": solve}
+    rows = [row("cold", 1, 200.0, 0.0), row("explicit-init", 2, 600.0, 30.0), row("cold", 2, 1000.0, 0.0),
+            row("cold", 1, 9999.0, 0.0, width=256), row("cold", 1, 9999.0, 0.0, vocab=30433)]
+    # per step: 2 / 3 / 5 s at width 128 and V 8,192 → median 3 s; 100 steps an epoch
+    assert estimate_minutes(("explicit-init", 4, 128, 1), rows, 8192) == pytest.approx((3 * 400 + 30) / 60)
+    assert estimate_minutes(("residual", 1, 128, 0), rows, 8192) == pytest.approx(3 * 100 / 60)   # solve unknown
+    assert estimate_minutes(("cold", 1, 512, 0), rows, 8192) is None                            # no run that wide
