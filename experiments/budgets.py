@@ -7,8 +7,8 @@ at every budget, width 256 at 1 and 2 epochs for cold, explicit init and the bet
 (the cross-fitted one: better at one epoch of width 128, and its folds' exact models, which do
 not depend on the width, are already solved); a second
 seed at the longest budget of width 128 for cold and explicit init (:data:`GRID`); beyond it,
-``explicit-init-rms1`` (explicit init with the embeddings at RMS 1.0) at width 128
-(:data:`EXTRA`, run with ``--runs``). Each run is
+``explicit-init-rms1`` (explicit init with the embeddings at RMS 1.0) at width 128 and a
+second seed of cold and explicit init at one epoch (:data:`EXTRA`, run with ``--runs``). Each run is
 scored on the whole dev split; its result (final dev bits per byte, last training loss, seconds
 with the solve, FLOPs) lands in ``OUT/runs/<name>/result.json``, so the sweep can be run a few
 runs at a time, one process per core, and resumed (a run resumes from its checkpoint on the
@@ -83,8 +83,10 @@ def grid() -> list[tuple[str, int, int, int]]:
 
 
 GRID = grid()
-#: Runs beyond the issue's sweep: explicit init with the embeddings at RMS 1.0 at width 128.
-EXTRA = [("explicit-init-rms1", epochs, 128, 0) for epochs in (1, 2, 4)]
+#: Runs beyond the issue's sweep: explicit init with the embeddings at RMS 1.0 at width 128, and
+#: a second seed of cold and explicit init at one epoch (the headline budget's seed-to-seed noise).
+EXTRA = [("explicit-init-rms1", epochs, 128, 0) for epochs in (1, 2, 4)] + [("cold", 1, 128, 1),
+                                                                            ("explicit-init", 1, 128, 1)]
 
 
 def name(start: str, epochs: int, width: int, seed: int, rate: float) -> str:
