@@ -370,9 +370,11 @@ def main(argv=None):
             print(heading, end="")
             for run in runs:
                 done = finished(run)
-                minutes = estimate_minutes(run, list(recorded.values()), vocab)
-                state = (f"dev {done['dev_bpb']:.4f} bits/byte" if done else "to run"
-                         + ("" if minutes is None else f", about {minutes:.0f} min on one core"))
+                if done:
+                    state = f"dev {done['dev_bpb']:.4f} bits/byte"
+                else:
+                    minutes = estimate_minutes(run, list(recorded.values()), vocab)
+                    state = "to run" + ("" if minutes is None else f", about {minutes:.0f} min on one core")
                 print(f"{run[0]:>18}  {run[1]} epochs  width {run[2]}  seed {run[3]}  lr {RATES[run[0]]:g}: {state}")
     todo += [(*run, RATES[run[0]]) for run in pending[:args.next]]
     if todo and args.workdir is None:
