@@ -18,7 +18,8 @@ the random blocks' outputs), the output kernel at its random RMS; a tied matrix 
 kernel) at its own RMS. Both inits train with the project's trainer (:func:`saffu.training.trainer.train`: same
 windows, same data order, AdamW on warm-up + cosine at ``--learning-rate``, the same for both:
 the rate the project's own transformer uses for cold and explicit starts), one epoch of the
-training split unless ``--steps``; each run is scored on the whole dev split (``--eval-tokens``
+training split unless ``--epochs`` or ``--steps`` (``experiments/budgets.py`` runs the Llama-like
+model at several budgets this way); each run is scored on the whole dev split (``--eval-tokens``
 of whole documents with ``--steps``: 100,000 unless given). Figures per model:
 ``<model>_random_dev_loss`` / ``_explicit_dev_loss`` (nats/token), ``_dev_bpb``, and the
 explicit run's steps to the random run's final periodic dev loss.
@@ -180,6 +181,7 @@ def pieces_for(workdir, rank: int, out: Path):
     from saffu.interop import read_init_file, solve_pieces, write_init_file
     path = out / f"pieces_r{rank}.safetensors"
     if not path.exists():
+        out.mkdir(parents=True, exist_ok=True)
         tick = time.perf_counter()
         pieces = solve_pieces(workdir, rank, progress=False)
         write_init_file(pieces, path)
@@ -204,7 +206,7 @@ def run_one(name: str, init: str, args) -> dict:
         (f"-tied-{args.tied}" if model.tied and args.tied != "mean" else "") + \
         (f"-fold{args.fold_share:g}" if args.fold and not model.tied else "") + \
         (f"-rms{rms:g}" if rms != default_rms(model) else "")
-    run = args.out / "runs" / f"{name}_{variant}_s{args.seed}_{args.steps or 'e1'}"
+    run = args.out / "runs" / f"{name}_{variant}_s{args.seed}_{args.steps or f'e{args.epochs}'}"
     if (run / "result.json").exists():
         return json.loads((run / "result.json").read_text())
     params = model_init(model, jax.random.key(args.seed))
@@ -220,8 +222,9 @@ def run_one(name: str, init: str, args) -> dict:
         params = explicit_init(params, pieces, tied=args.tied, fold=fold, apply=model.logits if fold else None,
                                sample=sample if fold else None, fold_share=args.fold_share,
                                embedding_rms=rms or None, **model.selectors())
+    # a budget of several epochs is one run with its own warm-up and cosine schedule over all its steps
     settings = TrainConfig(learning_rate=args.learning_rate, seed=args.seed, eval_every=args.eval_every,
-                           steps=args.steps or steps_per_epoch(len(stream) - 1, TrainConfig()))
+                           steps=args.steps or args.epochs * steps_per_epoch(len(stream) - 1, TrainConfig()))
     trained, _ = train(model, params, stream, settings, run / "train", dev_stream=workdir.tokens("dev"),
                        progress=not args.quiet)
     history = [json.loads(line) for line in (run / "train" / "metrics.jsonl").read_text().splitlines() if line]
@@ -229,6 +232,8 @@ def run_one(name: str, init: str, args) -> dict:
     scores = evaluate_split(trained, model, workdir, "dev", eval_tokens or None, progress=not args.quiet,
                             prefix="dev_")
     result = {"model": name, "init": init, "variant": variant, "seed": args.seed, "steps": settings.steps,
+              "epochs": None if args.steps else args.epochs, "width": model.width, "layers": model.layers,
+              "vocab_size": workdir.vocab_size, "workdir": str(args.workdir),
               "learning_rate": args.learning_rate, "tied": args.tied if model.tied else None,
               "trained_params": parameter_count(trained), "solve_seconds": solve_seconds,
               "train_seconds": history[-1]["seconds"], "history": history, **scores}
@@ -309,7 +314,9 @@ def main(argv=None) -> int:
     parser.add_argument("--models", nargs="+", choices=MODELS, default=["llama", "neox"])
     parser.add_argument("--inits", nargs="+", choices=INITS, default=["random", "explicit"],
                         help=f"random-rms: random init with the embeddings at RMS {EMBEDDING_RMS:g} (the scale ablation)")
-    parser.add_argument("--steps", type=int, default=0, help="training steps (0: one epoch)")
+    parser.add_argument("--steps", type=int, default=0, help="training steps (0: --epochs)")
+    parser.add_argument("--epochs", type=int, default=1, help="epochs of the training split, one run with its own "
+                        "warm-up and cosine schedule over all its steps (without --steps)")
     parser.add_argument("--learning-rate", type=float, default=LEARNING_RATE)
     parser.add_argument("--tied", choices=("embedding", "output", "mean"), default="mean",
                         help="closed form of a tied matrix (llama-tied)")
@@ -329,6 +336,8 @@ def main(argv=None) -> int:
                         help="gather the finished one-epoch runs into results/any_model.json")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
+    if args.epochs < 1:
+        parser.error(f"--epochs must be at least 1, got {args.epochs}")
     try:
         import penzai  # noqa: F401
     except ImportError:

@@ -8,7 +8,11 @@ at every budget, width 256 at 1 and 2 epochs for cold, explicit init and the bet
 not depend on the width, are already solved); a second
 seed at the longest budget of width 128 for cold and explicit init (:data:`GRID`); beyond it,
 ``explicit-init-rms1`` (explicit init with the embeddings at RMS 1.0) at width 128 and a
-second seed of cold and explicit init at one epoch (:data:`EXTRA`, run with ``--runs``). Each run is
+second seed of cold and explicit init at one epoch, and another architecture: penzai's Llama-like
+transformer of :mod:`any_model` (same width, depth, data and trainer), random init
+(``llama-random``) against explicit init (``llama-explicit``) at 1 and 2 epochs (:data:`EXTRA`, run
+with ``--runs``; an explicit start's multiplier is against the random init of its own
+architecture). Each run is
 scored on the whole dev split; its result (final dev bits per byte, last training loss, seconds
 with the solve, FLOPs) lands in ``OUT/runs/<name>/result.json``, so the sweep can be run a few
 runs at a time, one process per core, and resumed (a run resumes from its checkpoint on the
@@ -50,6 +54,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import any_model
 import warm_transformer as wt
 
 from results import RESULTS, write_result
@@ -65,10 +70,27 @@ FIRST_VOCAB = 8192
 #:
 #:     python experiments/warm_transformer.py --workdir runs/babylm --out runs/budgets \
 #:         --variants residual-crossfit explicit-init-rms1 --seeds 0 --probe-lrs 0.003 0.01 0.03
+#: The Llama-like starts run at the rate :mod:`any_model` gives both of its inits (the project
+#: transformer's cold and explicit rate; not probed for that architecture).
 RATES = {"cold": 0.01, "explicit-init": 0.01, "residual": 0.003, "residual-crossfit": 0.003,
-         "explicit-init-rms1": 0.03}
+         "explicit-init-rms1": 0.03, "llama-random": any_model.LEARNING_RATE, "llama-explicit": any_model.LEARNING_RATE}
 STARTS = tuple(RATES)
-EXPLICIT = ("explicit-init", "residual", "residual-crossfit", "explicit-init-rms1")
+EXPLICIT = ("explicit-init", "residual", "residual-crossfit", "explicit-init-rms1", "llama-explicit")
+#: Starts of another architecture: ``{start: (any_model's model, its init)}``, width 128 only.
+MODEL_STARTS = {"llama-random": ("llama", "random"), "llama-explicit": ("llama", "explicit")}
+#: The cold start an explicit start's multiplier and steps are measured against: the random
+#: init of its own architecture.
+COLD_OF = {"llama-explicit": "llama-random"}
+
+
+def cold_of(start: str) -> str:
+    """The cold start of ``start``'s architecture (``"cold"`` for the project's transformer)."""
+    return COLD_OF.get(start, "cold")
+
+
+def architecture(start: str) -> str:
+    """``"saffu"`` (the project's transformer) or the :mod:`any_model` model a start trains."""
+    return MODEL_STARTS[start][0] if start in MODEL_STARTS else "saffu"
 #: The starts the issue's sweep asks for; ``explicit-init-rms1`` (explicit init with the embeddings
 #: at RMS 1.0 instead of the random init's) runs beyond it, in :data:`EXTRA`.
 GRID_STARTS = ("cold", "explicit-init", "residual", "residual-crossfit")
@@ -83,14 +105,31 @@ def grid() -> list[tuple[str, int, int, int]]:
 
 
 GRID = grid()
-#: Runs beyond the issue's sweep: explicit init with the embeddings at RMS 1.0 at width 128, and
-#: a second seed of cold and explicit init at one epoch (the headline budget's seed-to-seed noise).
-EXTRA = [("explicit-init-rms1", epochs, 128, 0) for epochs in (1, 2, 4)] + [("cold", 1, 128, 1),
-                                                                            ("explicit-init", 1, 128, 1)]
+#: Runs beyond the issue's sweep: explicit init with the embeddings at RMS 1.0 at width 128, a
+#: second seed of cold and explicit init at one epoch (the headline budget's seed-to-seed noise),
+#: and the Llama-like transformer's random and explicit init at 1 and 2 epochs.
+EXTRA = ([("explicit-init-rms1", epochs, 128, 0) for epochs in (1, 2, 4)]
+         + [("cold", 1, 128, 1), ("explicit-init", 1, 128, 1)]
+         + [(start, epochs, 128, 0) for epochs in (1, 2) for start in MODEL_STARTS])
 
 
 def name(start: str, epochs: int, width: int, seed: int, rate: float) -> str:
+    """A run's folder under ``OUT/runs`` (:func:`warm_transformer.run_name`, or for another
+    architecture :func:`any_model.run_one`'s, whose rate is always :data:`RATES`')."""
+    if start in MODEL_STARTS:
+        model, init = MODEL_STARTS[start]
+        return f"{model}_{init}_s{seed}_e{epochs}"
     return wt.run_name(start, seed, 1.0, rate, epochs, width)
+
+
+def start_of(result: dict) -> str | None:
+    """The sweep's start of a ``result.json`` (:mod:`warm_transformer`'s or :mod:`any_model`'s);
+    ``None`` for a run that is not one (a probe's share of the data, a fixed number of steps, an
+    init variant the sweep does not run)."""
+    if "model" in result:
+        start = f"{result['model']}-{result['variant']}"
+        return start if start in MODEL_STARTS and result.get("epochs") else None
+    return result["variant"] if result["variant"] in STARTS and result.get("fraction", 1.0) == 1.0 else None
 
 
 def result(out: Path, start: str, epochs: int, width: int, seed: int, rate: float) -> dict | None:
@@ -150,7 +189,7 @@ def share_of_steps_to_cold(row: dict, rows: list[dict]) -> float | None:
     """The share of an explicit run's steps it took to reach the final periodic dev loss of the
     cold run of the same budget (vocabulary, width, epochs, seed), read off both runs' curves of
     the same dev windows; ``None`` when a curve is missing or the run never got there."""
-    cold = next((r for r in rows if r["start"] == "cold" and r.get("curve") and
+    cold = next((r for r in rows if r["start"] == cold_of(row["start"]) and r.get("curve") and
                  all(r[k] == row[k] for k in ("vocab_size", "width", "epochs", "seed"))), None)
     if cold is None or not row.get("curve"):
         return None
@@ -160,13 +199,14 @@ def share_of_steps_to_cold(row: dict, rows: list[dict]) -> float | None:
 
 def estimate_minutes(run: tuple[str, int, int, int], rows: list[dict], vocab: int) -> float | None:
     """About how long an unfinished run ``(start, epochs, width, seed)`` takes on one core, from
-    the finished runs of the same width and vocabulary: their median training seconds per step
-    (every start's: a step costs about the same whatever the start, and the median of more runs
-    is less at the mercy of the load one of them ran under) times the run's steps, plus the
+    the finished runs of the same architecture, width and vocabulary: their median training
+    seconds per step (every start's: a step costs about the same whatever the start, and the
+    median of more runs is less at the mercy of the load one of them ran under) times the run's steps, plus the
     start's median solve seconds (0 where none of its runs finished: its solve is unknown).
-    ``None``: no finished run of that width and vocabulary."""
+    ``None``: no finished run of that architecture, width and vocabulary."""
     start, epochs, width, _ = run
-    same = [r for r in rows if r["width"] == width and r.get("vocab_size", FIRST_VOCAB) == vocab and r["steps"]]
+    same = [r for r in rows if r["width"] == width and r.get("vocab_size", FIRST_VOCAB) == vocab and r["steps"]
+            and architecture(r["start"]) == architecture(start)]
     if not same:
         return None
     per_step = statistics.median(r["train_seconds"] / r["steps"] for r in same)
@@ -207,10 +247,12 @@ def probe_choices(*outs: Path) -> dict:
     return probes
 
 
-def cold_curve(rows: list[dict], width: int, vocab_size: int = FIRST_VOCAB) -> list[tuple[float, float]]:
-    """Cold's ``(compute, whole-dev bits per byte)`` per budget at ``width`` and ``vocab_size``,
-    seeds averaged."""
-    cold = [r for r in rows if r["start"] == "cold" and r["width"] == width and r["vocab_size"] == vocab_size]
+def cold_curve(rows: list[dict], width: int, vocab_size: int = FIRST_VOCAB,
+               start: str = "cold") -> list[tuple[float, float]]:
+    """A cold start's (``start``: ``cold``, or another architecture's random init)
+    ``(compute, whole-dev bits per byte)`` per budget at ``width`` and ``vocab_size``, seeds
+    averaged."""
+    cold = [r for r in rows if r["start"] == start and r["width"] == width and r["vocab_size"] == vocab_size]
     curve = []
     for epochs in sorted({r["epochs"] for r in cold}):
         group = [r for r in cold if r["epochs"] == epochs]
@@ -227,12 +269,12 @@ def report(out: Path, write: bool = True, also: tuple[Path, ...] = ()) -> dict:
         for path in sorted((folder / "runs").glob("*/result.json")):
             r = json.loads(path.read_text())
             finished = datetime.datetime.fromtimestamp(path.stat().st_mtime, datetime.UTC)
-            runs.append({**r, "finished": finished.isoformat(timespec="seconds"), "out": str(folder)})
-    runs = [r for r in runs if r["variant"] in STARTS and r.get("fraction", 1.0) == 1.0]
+            runs.append({**r, "start": start_of(r), "finished": finished.isoformat(timespec="seconds"),
+                         "out": str(folder)})
     rows = []
-    for r in runs:
+    for r in (r for r in runs if r["start"] is not None):
         last = r["history"][-1]
-        rows.append({"start": r["variant"], "epochs": r.get("epochs", 1), "width": r.get("width", 128),
+        rows.append({"start": r["start"], "epochs": r.get("epochs", 1), "width": r.get("width", 128),
                      "seed": r["seed"], "learning_rate": r["learning_rate"], "dev_bpb": r["dev_bpb"],
                      "dev_loss": r["dev_loss"], "train_loss": last["train_loss"],
                      "last_dev_window_loss": last["dev_loss"], "train_seconds": last["seconds"],
@@ -242,8 +284,8 @@ def report(out: Path, write: bool = True, also: tuple[Path, ...] = ()) -> dict:
                      "curve": [(h["step"], h["dev_loss"]) for h in r["history"] if h.get("dev_loss") is not None],
                      "reproduce": f"python experiments/budgets.py --workdir {r.get('workdir', 'runs/babylm')} "
                                   f"--out {r['out']} --runs "
-                                  f"{r['variant']}:{r.get('epochs', 1)}:{r.get('width', 128)}:{r['seed']}"
-                                  + ("" if r["learning_rate"] == RATES[r["variant"]] else f":{r['learning_rate']:g}")})
+                                  f"{r['start']}:{r.get('epochs', 1)}:{r.get('width', 128)}:{r['seed']}"
+                                  + ("" if r["learning_rate"] == RATES[r["start"]] else f":{r['learning_rate']:g}")})
     here = {key(row) for row in rows}
     rows += [row for row in recorded_rows() if key(row) not in here]
     if not rows:
@@ -253,7 +295,7 @@ def report(out: Path, write: bool = True, also: tuple[Path, ...] = ()) -> dict:
     for row in rows:
         # a run at another rate than its start's probe chose is measured and listed, never a start's figure
         row["at_probed_rate"] = row["learning_rate"] == RATES[row["start"]]
-        cold = cold_curve(rows, row["width"], row["vocab_size"])
+        cold = cold_curve(rows, row["width"], row["vocab_size"], cold_of(row["start"]))
         if row["start"] in EXPLICIT and cold:
             need, how = cold_compute_to_reach(cold, row["dev_bpb"])
             row.update(cold_compute_to_match=need, multiplier=need / row["compute"], multiplier_is=how)
@@ -295,7 +337,7 @@ def _plot(rows: list[dict], path: Path) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     colours = {"cold": "tab:gray", "explicit-init": "tab:blue", "residual": "tab:red", "residual-crossfit": "tab:brown",
-               "explicit-init-rms1": "tab:cyan"}
+               "explicit-init-rms1": "tab:cyan", "llama-random": "tab:olive", "llama-explicit": "tab:green"}
     figure, axis = plt.subplots(figsize=(10, 4.5))
     main = lambda r: r["seed"] == 0 and r["at_probed_rate"]     # on the lines; the others as open markers
     for start in STARTS:
@@ -353,6 +395,10 @@ def main(argv=None):
             start, epochs, width, seed, *rate = spec.split(":")
             if start not in STARTS:
                 parser.error(f"unknown start {start!r} in {spec!r}; one of {', '.join(STARTS)}")
+            if start in MODEL_STARTS and int(width) != 128:
+                parser.error(f"{start} runs at width 128 only (any_model's size), got {spec!r}")
+            if start in MODEL_STARTS and rate and float(rate[0]) != RATES[start]:
+                parser.error(f"{start} runs at its rate {RATES[start]:g} only, got {spec!r}")
             if len(rate) > 1 or (rate and not float(rate[0]) > 0):
                 raise ValueError
             todo.append((start, int(epochs), int(width), int(seed), float(rate[0]) if rate else RATES[start]))
@@ -380,6 +426,11 @@ def main(argv=None):
     if todo and args.workdir is None:
         parser.error("--workdir is required to train")
     for start, epochs, width, seed, rate in todo:
+        if start in MODEL_STARTS:
+            model, init = MODEL_STARTS[start]
+            any_model.main(["--workdir", str(args.workdir), "--out", str(args.out), "--models", model, "--inits", init,
+                            "--epochs", str(epochs), "--seed", str(seed), "--learning-rate", str(rate), "--quiet"])
+            continue
         argv = ["--workdir", str(args.workdir), "--out", str(args.out), "--variants", start, "--seeds", str(seed),
                 "--epochs", str(epochs), "--width", str(width), "--learning-rate", str(rate),
                 "--folds", str(args.folds)] + (["--exact-run", str(args.exact_run)] if args.exact_run else [])

@@ -56,9 +56,24 @@ step again (each call builds its own jitted step), which is what the per-resume 
 """
 
 
+#: The sweep's starts of another architecture than the project's transformer (experiments/budgets.py
+#: MODEL_STARTS): ``{start: the cold start of that architecture}``.
+OTHER_ARCHITECTURE = {"llama-random": "llama-random", "llama-explicit": "llama-random"}
+
+
+def _ours(rows: list[dict]) -> list[dict]:
+    """The rows of the project's transformer (not of another architecture)."""
+    return [r for r in rows if r["start"] not in OTHER_ARCHITECTURE]
+
+
 def budgets(record: dict) -> str:
     f = record["figures"]
     probed = _at_probed_rates(f["rows"])
+    ours = _ours(probed)
+    other_note = ("" if len(_ours(f["rows"])) == len(f["rows"]) else
+                  " Rows `llama-random` / `llama-explicit`: penzai's Llama-like transformer of\n"
+                  "[any_model](any_model.md) (same width, depth, data and trainer) at random and explicit init, its\n"
+                  "explicit start's multiplier against its own random init's curve.")
     return f"""# Budget sweep: does the explicit start last?
 
 Generated from [`results/budgets.json`](../../results/budgets.json) by `experiments/render_results.py`.
@@ -74,10 +89,11 @@ the run's compute; `≥`: cold never got there within the sweep (cold's largest 
 run's), `≤`: the run is worse than cold's smallest budget. Train loss: the mean over the steps
 since the run's last periodic evaluation (a cross-fitted residual's on its folds' tables); dev
 windows: that evaluation's loss on 128 evenly spaced dev windows — the train–dev gap is their
-difference.
+difference.{other_note}
 
 {f['table']}
-{_probes(f.get('probes', {}))}{_budget_reading(probed)}{_seed_reading(probed)}{_best_model(probed)}{_crossfit_gaps(probed)}
+{_probes(f.get('probes', {}))}{_budget_reading(ours)}{_seed_reading(ours)}{_other_architecture(probed)}\
+{_best_model(probed)}{_crossfit_gaps(ours)}
 ![dev loss against compute]({Path(f['plot']).name})
 """
 
@@ -213,17 +229,54 @@ def _seed_reading(rows: list[dict]) -> str:
 BEST_MODEL_TARGET = 1.72
 
 
+def _other_architecture(rows: list[dict]) -> str:
+    """Per budget of another architecture in the sweep: its random and explicit init's dev bits
+    per byte, the explicit start's lead, multiplier and share of steps to random's final loss."""
+    lines = []
+    for vocab, width, epochs, seed in sorted({(r["vocab_size"], r["width"], r["epochs"], r["seed"]) for r in rows
+                                              if r["start"] in OTHER_ARCHITECTURE}):
+        same = {r["start"]: r for r in rows if (r["vocab_size"], r["width"], r["epochs"], r["seed"])
+                == (vocab, width, epochs, seed) and r["start"] in OTHER_ARCHITECTURE}
+        for start, run in same.items():
+            cold = same.get(OTHER_ARCHITECTURE[start])
+            if start == OTHER_ARCHITECTURE[start]:
+                if len(same) == 1:
+                    lines.append(f"* V {vocab:,}, width {width}, {_epochs(epochs)}, seed {seed}: {start} "
+                                 f"{run['dev_bpb']:.4f} (its explicit start not run yet).")
+                continue
+            share = run.get("share_of_steps_to_cold")
+            lines.append(f"* V {vocab:,}, width {width}, {_epochs(epochs)}, seed {seed}: "
+                         + (f"{cold['start']} {cold['dev_bpb']:.4f}, " if cold else "")
+                         + f"{start} {run['dev_bpb']:.4f}"
+                         + (f" (lead {cold['dev_bpb'] - run['dev_bpb']:.4f} bits/byte)" if cold else "")
+                         + (f"; compute multiplier {run['multiplier_text']}" if "multiplier_text" in run else "")
+                         + (f"; {share:.1%} of its steps to its random init's final loss" if share is not None else "")
+                         + ".")
+    return ("\nAnother architecture in the sweep (penzai's Llama-like transformer, random against explicit init "
+            "at the rate the project's transformer uses; its rate was not probed):\n\n"
+            + "\n".join(lines) + "\n") if lines else ""
+
+
 def _best_model(rows: list[dict]) -> str:
-    """The sweep's best model against :data:`BEST_MODEL_TARGET`, and
-    the best explicit start of another architecture from ``results/any_model.json`` (same data,
-    trainer and dev split), where there is one."""
+    """The sweep's best model against :data:`BEST_MODEL_TARGET` (and where that is another
+    architecture, the project transformer's best too); otherwise the best explicit start of
+    another architecture from ``results/any_model.json`` (same data, trainer and dev split), where
+    there is one."""
     if not rows:
         return ""
+    describe = lambda r: (f"{r['start']}, {_epochs(r['epochs'])}, width {r['width']}, V {r['vocab_size']:,}: "
+                          f"{r['dev_bpb']:.4f} bits/byte")
     best = min(rows, key=lambda r: r["dev_bpb"])
-    line = (f"\nBest model of the sweep: {best['start']}, {_epochs(best['epochs'])}, "
-            f"width {best['width']}, V {best['vocab_size']:,}: {best['dev_bpb']:.4f} bits/byte, "
+    line = (f"\nBest model of the sweep: {describe(best)}, "
             + ("at or below" if best["dev_bpb"] <= BEST_MODEL_TARGET else "above")
             + f" the target of {BEST_MODEL_TARGET:g}.")
+    ours = _ours(rows)
+    if best["start"] in OTHER_ARCHITECTURE:
+        if ours:
+            mine = min(ours, key=lambda r: r["dev_bpb"])
+            line += (f" That is penzai's Llama-like transformer; the project's transformer's best is {describe(mine)}, "
+                     + ("at or below" if mine["dev_bpb"] <= BEST_MODEL_TARGET else "above") + " it.")
+        return line + "\n"
     other = _load("any_model")
     if other:
         g = other["figures"]
@@ -519,7 +572,7 @@ def lasts_block() -> str:
     ``V`` = :data:`HEADLINE_VOCAB` and seed 0, cold's dev bits per byte against the best explicit
     start's (the one with the lowest dev loss: lower bounds of multipliers do not rank) and its multiplier."""
     budgets = _load("budgets")
-    every_seed = [r for r in _at_probed_rates(budgets["figures"]["rows"] if budgets else []) if r["width"] == 128
+    every_seed = [r for r in _ours(_at_probed_rates(budgets["figures"]["rows"] if budgets else [])) if r["width"] == 128
                   and r.get("vocab_size", HEADLINE_VOCAB) == HEADLINE_VOCAB]
     rows = [r for r in every_seed if r["seed"] == 0]
     lines = []

@@ -1,5 +1,6 @@
 """The budget sweep's compute multiplier (experiments/budgets.py) against hand-made curves."""
 
+import json
 import math
 import sys
 from pathlib import Path
@@ -77,7 +78,7 @@ def test_printed_bounds_still_hold():
 
 
 @pytest.mark.parametrize("spec", ["cold:1:128", "cold:1:128:0:-0.01", "cold:1:128:0:0.01:2", "cold:x:128:0",
-                                  "warm:1:128:0"])
+                                  "warm:1:128:0", "llama-explicit:1:256:0", "llama-random:1:128:0:0.03"])
 def test_a_bad_run_spec_is_one_usage_error(spec, capsys):
     from budgets import main
     with pytest.raises(SystemExit) as exit_:
@@ -96,3 +97,60 @@ def test_the_plans_estimate_is_the_median_step_times_the_steps_plus_the_starts_s
     assert estimate_minutes(("explicit-init", 4, 128, 1), rows, 8192) == pytest.approx((3 * 400 + 30) / 60)
     assert estimate_minutes(("residual", 1, 128, 0), rows, 8192) == pytest.approx(3 * 100 / 60)   # solve unknown
     assert estimate_minutes(("cold", 1, 512, 0), rows, 8192) is None                            # no run that wide
+
+
+def test_the_plans_estimate_reads_the_step_times_of_the_runs_own_architecture():
+    from budgets import estimate_minutes
+    row = lambda start, seconds: {"start": start, "epochs": 1, "width": 128, "vocab_size": 8192, "steps": 100,
+                                  "train_seconds": seconds, "solve_seconds": 0.0}
+    rows = [row("cold", 200.0), row("explicit-init", 200.0), row("llama-random", 600.0)]
+    assert estimate_minutes(("llama-explicit", 2, 128, 0), rows, 8192) == pytest.approx(6 * 200 / 60)
+    assert estimate_minutes(("cold", 2, 128, 0), rows, 8192) == pytest.approx(2 * 200 / 60)
+
+
+def _result(tmp_path, folder, **fields):
+    run = tmp_path / "runs" / folder
+    run.mkdir(parents=True)
+    epochs = fields.get("epochs") or 1
+    fields = {"seed": 0, "learning_rate": 0.01, "trained_params": 10, "solve_seconds": 0.0, "vocab_size": 8192,
+              "width": 128, "dev_loss": 4.0, **fields}
+    fields.setdefault("history", [{"step": 0, "flops": 0.0, "seconds": 0.0, "train_loss": 9.0, "dev_loss": 9.0},
+                                  {"step": 100 * epochs, "flops": 1e12 * epochs, "seconds": 100.0 * epochs,
+                                   "train_loss": 4.0, "dev_loss": 2.2 * fields["dev_bpb"]}])
+    (run / "result.json").write_text(json.dumps(fields))
+
+
+def test_another_architectures_explicit_start_is_measured_against_its_own_random_init(tmp_path, monkeypatch, capsys):
+    import budgets
+    monkeypatch.setattr(budgets, "recorded_rows", lambda: [])          # this folder's runs only
+    # the project's transformer: a cold start far better than the Llama-like one's random init
+    _result(tmp_path, "cold_s0_f1", variant="cold", epochs=1, dev_bpb=1.5)
+    _result(tmp_path, "cold_s0_f1_e2", variant="cold", epochs=2, dev_bpb=1.45)
+    # any_model's results: random init at 1 and 2 epochs, explicit init at 1
+    llama = {"model": "llama", "learning_rate": budgets.RATES["llama-random"]}
+    _result(tmp_path, "llama_random_s0_e1", **llama, init="random", variant="random", epochs=1, dev_bpb=2.0)
+    _result(tmp_path, "llama_random_s0_e2", **llama, init="random", variant="random", epochs=2, dev_bpb=1.8)
+    _result(tmp_path, "llama_explicit_s0_e1", **llama, init="explicit", variant="explicit", epochs=1, dev_bpb=1.9)
+    # not the sweep's: a fixed number of steps, an init variant it does not run
+    _result(tmp_path, "llama_explicit_s0_30", **llama, init="explicit", variant="explicit", epochs=None, dev_bpb=1.0)
+    _result(tmp_path, "llama_explicit-rms0_s0_e1", **llama, init="explicit", variant="explicit-rms0", epochs=1,
+            dev_bpb=1.0)
+    rows = budgets.report(tmp_path, write=False)["rows"]
+    assert sorted((r["start"], r["epochs"]) for r in rows) == [
+        ("cold", 1), ("cold", 2), ("llama-explicit", 1), ("llama-random", 1), ("llama-random", 2)]
+    explicit = next(r for r in rows if r["start"] == "llama-explicit")
+    # halfway in bits per byte between random's 1- and 2-epoch runs: the geometric mean of their compute,
+    # not "before" cold's curve (the project's transformer, which is better than 1.9 at every budget)
+    assert explicit["multiplier_is"] == "interpolated"
+    assert explicit["cold_compute_to_match"] == pytest.approx(math.sqrt(1e12 * 2e12))
+    assert explicit["reproduce"].endswith("--runs llama-explicit:1:128:0")
+    # its steps to the final loss of the random init of the same budget (2.2 × 2.0 = 4.4 nats): 4.4 is
+    # (9.0 - 4.4) / (9.0 - 4.18) of the way from step 0 to step 100
+    assert explicit["share_of_steps_to_cold"] == pytest.approx((9.0 - 4.4) / (9.0 - 2.2 * 1.9) * 100 / 100)
+    assert "llama-explicit" in capsys.readouterr().out
+
+
+def test_a_run_folder_is_named_as_the_script_that_trains_it_names_it():
+    from budgets import name
+    assert name("llama-explicit", 2, 128, 0, 0.01) == "llama_explicit_s0_e2"
+    assert name("cold", 2, 256, 1, 0.01) == "cold_s1_f1_e2_w256"

@@ -208,3 +208,28 @@ def test_the_readme_lasts_block_lists_the_other_seeds_under_the_table(monkeypatc
     block = render_results.lasts_block()
     assert "| 4 | 1.8211 | explicit init | 1.7511 |" in block            # the table is seed 0's
     assert "Seed 1 at 4 epochs: cold 1.8322, explicit init 1.7622 (compute multiplier ≥ 2.00×)." in block
+
+
+def test_another_architecture_is_read_on_its_own_and_kept_out_of_the_transformers_readings(monkeypatch):
+    def row(start, epochs, bpb, multiplier=None, share=None):
+        r = {"start": start, "width": 128, "epochs": epochs, "seed": 0, "vocab_size": 8192, "dev_bpb": bpb,
+             "train_loss": 4.0, "last_dev_window_loss": 4.1, "train_seconds": 600.0, "solve_seconds": 0.0}
+        if multiplier:
+            r.update(multiplier=2.5, multiplier_is="beyond", multiplier_text=multiplier, share_of_steps_to_cold=share)
+        return r
+    rows = [row("cold", 1, 1.9211), row("explicit-init", 1, 1.8011, "≥ 7.90×", 0.2),
+            row("llama-random", 1, 1.9611), row("llama-explicit", 1, 1.7111, "≥ 9.50×", 0.15),
+            row("llama-random", 2, 1.8811)]
+    other = render_results._other_architecture(rows)
+    assert ("1 epoch, seed 0: llama-random 1.9611, llama-explicit 1.7111 (lead 0.2500 bits/byte); "
+            "compute multiplier ≥ 9.50×; 15.0% of its steps") in other
+    assert "2 epochs, seed 0: llama-random 1.8811 (its explicit start not run yet)." in other
+    assert "explicit-init" not in other and render_results._other_architecture(rows[:2]) == ""
+    best = render_results._best_model(rows)
+    assert "Best model of the sweep: llama-explicit, 1 epoch, width 128, V 8,192: 1.7111 bits/byte, at or below" in best
+    assert "the project's transformer's best is explicit-init, 1 epoch, width 128, V 8,192: 1.8011" in best
+    # the transformer's own readings and the README's table leave the other architecture out
+    assert "llama" not in render_results._budget_reading(render_results._ours(rows))
+    monkeypatch.setattr(render_results, "_load", lambda name: {"figures": {"rows": rows}} if name == "budgets" else None)
+    block = render_results.lasts_block()
+    assert "| 1 | 1.9211 | explicit init | 1.8011 |" in block and "llama" not in block
