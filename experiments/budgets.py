@@ -113,15 +113,6 @@ EXTRA = ([("explicit-init-rms1", epochs, 128, 0) for epochs in (1, 2, 4)]
          + [(start, epochs, 128, 0) for epochs in (1, 2) for start in MODEL_STARTS])
 
 
-def name(start: str, epochs: int, width: int, seed: int, rate: float) -> str:
-    """A run's folder under ``OUT/runs`` (:func:`warm_transformer.run_name`, or for another
-    architecture :func:`any_model.run_one`'s, whose rate is always :data:`RATES`')."""
-    if start in MODEL_STARTS:
-        model, init = MODEL_STARTS[start]
-        return f"{model}_{init}_s{seed}_e{epochs}"
-    return wt.run_name(start, seed, 1.0, rate, epochs, width)
-
-
 def start_of(result: dict) -> str | None:
     """The sweep's start of a ``result.json`` (:mod:`warm_transformer`'s or :mod:`any_model`'s);
     ``None`` for a run that is not one (a probe's share of the data, a fixed number of steps, an
@@ -130,11 +121,6 @@ def start_of(result: dict) -> str | None:
         start = f"{result['model']}-{result['variant']}"
         return start if start in MODEL_STARTS and result.get("epochs") else None
     return result["variant"] if result["variant"] in STARTS and result.get("fraction", 1.0) == 1.0 else None
-
-
-def result(out: Path, start: str, epochs: int, width: int, seed: int, rate: float) -> dict | None:
-    path = out / "runs" / name(start, epochs, width, seed, rate) / "result.json"
-    return json.loads(path.read_text()) if path.exists() else None
 
 
 def compute(run: dict) -> float:
@@ -260,34 +246,40 @@ def cold_curve(rows: list[dict], width: int, vocab_size: int = FIRST_VOCAB,
     return curve
 
 
-def report(out: Path, write: bool = True, also: tuple[Path, ...] = ()) -> dict:
-    """Every finished run of the sweep — this machine's under ``out/runs`` (and each of
-    ``also``'s) and the rows of ``results/budgets.json`` from earlier sessions — as a table
-    with the multipliers, ``results/budgets.json`` and ``docs/results/budgets.png``."""
-    runs = []
-    for folder in (out, *also):
+def gathered_rows(*outs: Path) -> list[dict]:
+    """One row per finished run of the sweep: this machine's under each ``out/runs``, then the
+    rows of ``results/budgets.json`` from earlier sessions that none of them holds; without
+    what :func:`report` derives from all rows."""
+    rows = []
+    for folder in outs:
         for path in sorted((folder / "runs").glob("*/result.json")):
             r = json.loads(path.read_text())
+            start = start_of(r)
+            if start is None:
+                continue
+            last = r["history"][-1]
             finished = datetime.datetime.fromtimestamp(path.stat().st_mtime, datetime.UTC)
-            runs.append({**r, "start": start_of(r), "finished": finished.isoformat(timespec="seconds"),
-                         "out": str(folder)})
-    rows = []
-    for r in (r for r in runs if r["start"] is not None):
-        last = r["history"][-1]
-        rows.append({"start": r["start"], "epochs": r.get("epochs", 1), "width": r.get("width", 128),
-                     "seed": r["seed"], "learning_rate": r["learning_rate"], "dev_bpb": r["dev_bpb"],
-                     "dev_loss": r["dev_loss"], "train_loss": last["train_loss"],
-                     "last_dev_window_loss": last["dev_loss"], "train_seconds": last["seconds"],
-                     "solve_seconds": r["solve_seconds"], "flops": last["flops"], "compute": compute(r),
-                     "steps": last["step"], "trained_params": r["trained_params"], "finished": r["finished"],
-                     "vocab_size": r.get("vocab_size", FIRST_VOCAB),
-                     "curve": [(h["step"], h["dev_loss"]) for h in r["history"] if h.get("dev_loss") is not None],
-                     "reproduce": f"python experiments/budgets.py --workdir {r.get('workdir', 'runs/babylm')} "
-                                  f"--out {r['out']} --runs "
-                                  f"{r['start']}:{r.get('epochs', 1)}:{r.get('width', 128)}:{r['seed']}"
-                                  + ("" if r["learning_rate"] == RATES[r["start"]] else f":{r['learning_rate']:g}")})
+            epochs, width = r.get("epochs", 1), r.get("width", 128)
+            rows.append({"start": start, "epochs": epochs, "width": width,
+                         "seed": r["seed"], "learning_rate": r["learning_rate"], "dev_bpb": r["dev_bpb"],
+                         "dev_loss": r["dev_loss"], "train_loss": last["train_loss"],
+                         "last_dev_window_loss": last["dev_loss"], "train_seconds": last["seconds"],
+                         "solve_seconds": r["solve_seconds"], "flops": last["flops"], "compute": compute(r),
+                         "steps": last["step"], "trained_params": r["trained_params"],
+                         "finished": finished.isoformat(timespec="seconds"),
+                         "vocab_size": r.get("vocab_size", FIRST_VOCAB),
+                         "curve": [(h["step"], h["dev_loss"]) for h in r["history"] if h.get("dev_loss") is not None],
+                         "reproduce": f"python experiments/budgets.py --workdir {r.get('workdir', 'runs/babylm')} "
+                                      f"--out {folder} --runs {start}:{epochs}:{width}:{r['seed']}"
+                                      + ("" if r["learning_rate"] == RATES[start] else f":{r['learning_rate']:g}")})
     here = {key(row) for row in rows}
-    rows += [row for row in recorded_rows() if key(row) not in here]
+    return rows + [row for row in recorded_rows() if key(row) not in here]
+
+
+def report(out: Path, write: bool = True, also: tuple[Path, ...] = ()) -> dict:
+    """Every finished run of the sweep (:func:`gathered_rows` of ``out`` and each of ``also``) as
+    a table with the multipliers, ``results/budgets.json`` and ``docs/results/budgets.png``."""
+    rows = gathered_rows(out, *also)
     if not rows:
         raise SystemExit(f"no finished runs under {out / 'runs'} or in {RESULTS / 'budgets.json'}")
     rows.sort(key=lambda row: (row["vocab_size"], row["width"], row["epochs"], STARTS.index(row["start"]),
@@ -408,8 +400,8 @@ def main(argv=None):
     if args.workdir is not None:
         from saffu.data.workdir import open_workdir
         vocab = open_workdir(args.workdir).vocab_size
-    recorded = {key(row): row for row in recorded_rows()}
-    finished = lambda run: result(args.out, *run, RATES[run[0]]) or recorded.get((*run, RATES[run[0]], vocab))
+    recorded = {key(row): row for row in gathered_rows(args.out)}      # this machine's runs and earlier sessions'
+    finished = lambda run: recorded.get((*run, RATES[run[0]], vocab))
     pending = [run for run in GRID if finished(run) is None]
     if args.plan:
         for heading, runs in (("", GRID), ("beyond the issue's sweep (--runs):\n", EXTRA)):

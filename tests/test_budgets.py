@@ -150,7 +150,13 @@ def test_another_architectures_explicit_start_is_measured_against_its_own_random
     assert "llama-explicit" in capsys.readouterr().out
 
 
-def test_a_run_folder_is_named_as_the_script_that_trains_it_names_it():
-    from budgets import name
-    assert name("llama-explicit", 2, 128, 0, 0.01) == "llama_explicit_s0_e2"
-    assert name("cold", 2, 256, 1, 0.01) == "cold_s1_f1_e2_w256"
+
+def test_the_plan_counts_and_times_the_runs_finished_on_this_machine(tmp_path, monkeypatch, capsys):
+    import budgets
+    monkeypatch.setattr(budgets, "recorded_rows", lambda: [])          # no earlier session's rows
+    _result(tmp_path, "cold_s0_f1", variant="cold", epochs=1, dev_bpb=1.5)   # 100 steps in 100 s
+    budgets.main(["--out", str(tmp_path), "--plan"])
+    plan = capsys.readouterr().out
+    assert "cold  1 epochs  width 128  seed 0  lr 0.01: dev 1.5000 bits/byte" in plan
+    assert "explicit-init  4 epochs  width 128  seed 0  lr 0.01: to run, about 7 min on one core" in plan
+    assert "llama-explicit  1 epochs  width 128  seed 0  lr 0.01: to run\n" in plan   # no run of its architecture
