@@ -81,6 +81,9 @@ MODEL_STARTS = {"llama-random": ("llama", "random"), "llama-explicit": ("llama",
 #: The cold start an explicit start's multiplier and steps are measured against: the random
 #: init of its own architecture.
 COLD_OF = {"llama-explicit": "llama-random"}
+#: The starts the issue's sweep asks for; ``explicit-init-rms1`` (explicit init with the embeddings
+#: at RMS 1.0 instead of the random init's) runs beyond it, in :data:`EXTRA`.
+GRID_STARTS = ("cold", "explicit-init", "residual", "residual-crossfit")
 
 
 def cold_of(start: str) -> str:
@@ -91,9 +94,6 @@ def cold_of(start: str) -> str:
 def architecture(start: str) -> str:
     """``"saffu"`` (the project's transformer) or the :mod:`any_model` model a start trains."""
     return MODEL_STARTS[start][0] if start in MODEL_STARTS else "saffu"
-#: The starts the issue's sweep asks for; ``explicit-init-rms1`` (explicit init with the embeddings
-#: at RMS 1.0 instead of the random init's) runs beyond it, in :data:`EXTRA`.
-GRID_STARTS = ("cold", "explicit-init", "residual", "residual-crossfit")
 
 
 def grid() -> list[tuple[str, int, int, int]]:
@@ -187,8 +187,9 @@ def estimate_minutes(run: tuple[str, int, int, int], rows: list[dict], vocab: in
     """About how long an unfinished run ``(start, epochs, width, seed)`` takes on one core, from
     the finished runs of the same architecture, width and vocabulary: their median training
     seconds per step (every start's: a step costs about the same whatever the start, and the
-    median of more runs is less at the mercy of the load one of them ran under) times the run's steps, plus the
-    start's median solve seconds (0 where none of its runs finished: its solve is unknown).
+    median of more runs is less at the mercy of the load one of them ran under) times the run's
+    steps, plus the start's median solve seconds (0 where none of its runs finished: its solve
+    is unknown).
     ``None``: no finished run of that architecture, width and vocabulary."""
     start, epochs, width, _ = run
     same = [r for r in rows if r["width"] == width and r.get("vocab_size", FIRST_VOCAB) == vocab and r["steps"]
