@@ -78,17 +78,21 @@ STARTS = tuple(RATES)
 EXPLICIT = ("explicit-init", "residual", "residual-crossfit", "explicit-init-rms1", "llama-explicit")
 #: Starts of another architecture: ``{start: (any_model's model, its init)}``, width 128 only.
 MODEL_STARTS = {"llama-random": ("llama", "random"), "llama-explicit": ("llama", "explicit")}
-#: The cold start an explicit start's multiplier and steps are measured against: the random
-#: init of its own architecture.
-COLD_OF = {"llama-explicit": "llama-random"}
+#: What each architecture of the sweep is, as the results page names it.
+ARCHITECTURE_NAMES = {"saffu": "the project's transformer", "llama": "penzai's Llama-like transformer"}
 #: The starts the issue's sweep asks for; ``explicit-init-rms1`` (explicit init with the embeddings
 #: at RMS 1.0 instead of the random init's) runs beyond it, in :data:`EXTRA`.
 GRID_STARTS = ("cold", "explicit-init", "residual", "residual-crossfit")
 
 
 def cold_of(start: str) -> str:
-    """The cold start of ``start``'s architecture (``"cold"`` for the project's transformer)."""
-    return COLD_OF.get(start, "cold")
+    """The cold start of ``start``'s architecture, which an explicit start's multiplier and steps
+    are measured against: ``"cold"`` for the project's transformer, the random init of the same
+    model for a start of :data:`MODEL_STARTS` (a random init is its own cold start)."""
+    if start not in MODEL_STARTS:
+        return "cold"
+    model = MODEL_STARTS[start][0]
+    return next(name for name, (other, init) in MODEL_STARTS.items() if other == model and init == "random")
 
 
 def architecture(start: str) -> str:
@@ -288,6 +292,9 @@ def report(out: Path, write: bool = True, also: tuple[Path, ...] = ()) -> dict:
     for row in rows:
         # a run at another rate than its start's probe chose is measured and listed, never a start's figure
         row["at_probed_rate"] = row["learning_rate"] == RATES[row["start"]]
+        # what the results page reads a row's architecture and its cold start from
+        row.update(architecture=architecture(row["start"]), cold_start=cold_of(row["start"]))
+        row["architecture_name"] = ARCHITECTURE_NAMES[row["architecture"]]
         cold = cold_curve(rows, row["width"], row["vocab_size"], cold_of(row["start"]))
         if row["start"] in EXPLICIT and cold:
             need, how = cold_compute_to_reach(cold, row["dev_bpb"])

@@ -56,24 +56,31 @@ step again (each call builds its own jitted step), which is what the per-resume 
 """
 
 
-#: The sweep's starts of another architecture than the project's transformer (experiments/budgets.py
-#: MODEL_STARTS): ``{start: the cold start of that architecture}``.
-OTHER_ARCHITECTURE = {"llama-random": "llama-random", "llama-explicit": "llama-random"}
-
-
 def _ours(rows: list[dict]) -> list[dict]:
-    """The rows of the project's transformer (not of another architecture)."""
-    return [r for r in rows if r["start"] not in OTHER_ARCHITECTURE]
+    """The rows of the project's transformer (each row of ``results/budgets.json`` names its
+    ``architecture``, ``"saffu"`` for the project's)."""
+    return [r for r in rows if r["architecture"] == "saffu"]
+
+
+def _others(rows: list[dict]) -> list[dict]:
+    """The rows of any other architecture than the project's transformer."""
+    return [r for r in rows if r["architecture"] != "saffu"]
+
+
+def _other_names(rows: list[dict]) -> str:
+    """The other architectures of ``rows`` as the results file names them (``"a and b"``)."""
+    return " and ".join(sorted({r["architecture_name"] for r in _others(rows)}))
 
 
 def budgets(record: dict) -> str:
     f = record["figures"]
     probed = _at_probed_rates(f["rows"])
     ours = _ours(probed)
-    other_note = ("" if len(_ours(f["rows"])) == len(f["rows"]) else
-                  " Rows `llama-random` / `llama-explicit`: penzai's Llama-like transformer of\n"
-                  "[any_model](any_model.md) (same width, depth, data and trainer) at random and explicit init, its\n"
-                  "explicit start's multiplier against its own random init's curve.")
+    others = sorted({r["start"] for r in _others(f["rows"])})
+    other_note = ("" if not others else
+                  f" Rows {' / '.join(f'`{start}`' for start in others)}: {_other_names(f['rows'])} of\n"
+                  "[any_model](any_model.md) (same width, depth, data and trainer), each explicit start's\n"
+                  "multiplier against its own architecture's random init's curve.")
     return f"""# Budget sweep: does the explicit start last?
 
 Generated from [`results/budgets.json`](../../results/budgets.json) by `experiments/render_results.py`.
@@ -233,14 +240,14 @@ def _other_architecture(rows: list[dict]) -> str:
     """Per budget of another architecture in the sweep: its random and explicit init's dev bits
     per byte, the explicit start's lead, multiplier and share of steps to random's final loss."""
     lines = []
-    for vocab, width, epochs, seed in sorted({(r["vocab_size"], r["width"], r["epochs"], r["seed"]) for r in rows
-                                              if r["start"] in OTHER_ARCHITECTURE}):
-        same = {r["start"]: r for r in rows if (r["vocab_size"], r["width"], r["epochs"], r["seed"])
-                == (vocab, width, epochs, seed) and r["start"] in OTHER_ARCHITECTURE}
+    others = _others(rows)
+    for vocab, width, epochs, seed in sorted({(r["vocab_size"], r["width"], r["epochs"], r["seed"]) for r in others}):
+        same = {r["start"]: r for r in others if (r["vocab_size"], r["width"], r["epochs"], r["seed"])
+                == (vocab, width, epochs, seed)}
         for start, run in same.items():
-            cold = same.get(OTHER_ARCHITECTURE[start])
-            if start == OTHER_ARCHITECTURE[start]:
-                if len(same) == 1:
+            cold = same.get(run["cold_start"])
+            if start == run["cold_start"]:
+                if not any(r["cold_start"] == start and r["start"] != start for r in same.values()):
                     lines.append(f"* V {vocab:,}, width {width}, {_epochs(epochs)}, seed {seed}: {start} "
                                  f"{run['dev_bpb']:.4f} (its explicit start not run yet).")
                 continue
@@ -252,7 +259,7 @@ def _other_architecture(rows: list[dict]) -> str:
                          + (f"; compute multiplier {run['multiplier_text']}" if "multiplier_text" in run else "")
                          + (f"; {share:.1%} of its steps to its random init's final loss" if share is not None else "")
                          + ".")
-    return ("\nAnother architecture in the sweep (penzai's Llama-like transformer, random against explicit init "
+    return (f"\nAnother architecture in the sweep ({_other_names(rows)}, random against explicit init "
             "at the rate the project's transformer uses; its rate was not probed):\n\n"
             + "\n".join(lines) + "\n") if lines else ""
 
@@ -271,10 +278,10 @@ def _best_model(rows: list[dict]) -> str:
             + ("at or below" if best["dev_bpb"] <= BEST_MODEL_TARGET else "above")
             + f" the target of {BEST_MODEL_TARGET:g}.")
     ours = _ours(rows)
-    if best["start"] in OTHER_ARCHITECTURE:
+    if best["architecture"] != "saffu":
         if ours:
             mine = min(ours, key=lambda r: r["dev_bpb"])
-            line += (f" That is penzai's Llama-like transformer; the project's transformer's best is {describe(mine)}, "
+            line += (f" That is {best['architecture_name']}; the project's transformer's best is {describe(mine)}, "
                      + ("at or below" if mine["dev_bpb"] <= BEST_MODEL_TARGET else "above") + " it.")
         return line + "\n"
     other = _load("any_model")

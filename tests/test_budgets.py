@@ -160,3 +160,11 @@ def test_the_plan_counts_and_times_the_runs_finished_on_this_machine(tmp_path, m
     assert "cold  1 epochs  width 128  seed 0  lr 0.01: dev 1.5000 bits/byte" in plan
     assert "explicit-init  4 epochs  width 128  seed 0  lr 0.01: to run, about 7 min on one core" in plan
     assert "llama-explicit  1 epochs  width 128  seed 0  lr 0.01: to run\n" in plan   # no run of its architecture
+
+
+def test_each_start_is_measured_against_the_random_init_of_its_own_architecture():
+    from budgets import STARTS, architecture, cold_of
+    assert [(cold_of(s), architecture(s)) for s in ("cold", "residual-crossfit", "llama-random", "llama-explicit")] \
+        == [("cold", "saffu"), ("cold", "saffu"), ("llama-random", "llama"), ("llama-random", "llama")]
+    for start in STARTS:                      # a cold start is its own, of the same architecture
+        assert cold_of(cold_of(start)) == cold_of(start) and architecture(cold_of(start)) == architecture(start)

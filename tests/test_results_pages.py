@@ -12,6 +12,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "experiments"))
 
 import render_results  # noqa: E402
+from budgets import ARCHITECTURE_NAMES, architecture, cold_of  # noqa: E402
+
+
+def _reported(row: dict) -> dict:
+    """A sweep row as ``budgets.py --report`` writes it: with its architecture and its cold start."""
+    return {**row, "architecture": architecture(row["start"]), "cold_start": cold_of(row["start"]),
+            "architecture_name": ARCHITECTURE_NAMES[architecture(row["start"])]}
 
 
 def test_every_results_page_is_generated_from_its_results_file():
@@ -199,8 +206,8 @@ def test_the_seed_reading_sets_each_lead_against_the_seed_spread():
 
 def test_the_readme_lasts_block_lists_the_other_seeds_under_the_table(monkeypatch):
     def row(start, epochs, seed, bpb):
-        r = {"start": start, "width": 128, "epochs": epochs, "seed": seed, "vocab_size": 8192, "dev_bpb": bpb,
-             "train_seconds": 600.0, "solve_seconds": 0.0}
+        r = _reported({"start": start, "width": 128, "epochs": epochs, "seed": seed, "vocab_size": 8192,
+                       "dev_bpb": bpb, "train_seconds": 600.0, "solve_seconds": 0.0})
         return r if start == "cold" else {**r, "multiplier": 2.0, "multiplier_is": "beyond", "multiplier_text": "≥ 2.00×"}
     rows = [row("cold", 4, 0, 1.8211), row("explicit-init", 4, 0, 1.7511),
             row("cold", 4, 1, 1.8322), row("explicit-init", 4, 1, 1.7622)]
@@ -212,8 +219,8 @@ def test_the_readme_lasts_block_lists_the_other_seeds_under_the_table(monkeypatc
 
 def test_another_architecture_is_read_on_its_own_and_kept_out_of_the_transformers_readings(monkeypatch):
     def row(start, epochs, bpb, multiplier=None, share=None):
-        r = {"start": start, "width": 128, "epochs": epochs, "seed": 0, "vocab_size": 8192, "dev_bpb": bpb,
-             "train_loss": 4.0, "last_dev_window_loss": 4.1, "train_seconds": 600.0, "solve_seconds": 0.0}
+        r = _reported({"start": start, "width": 128, "epochs": epochs, "seed": 0, "vocab_size": 8192, "dev_bpb": bpb,
+                       "train_loss": 4.0, "last_dev_window_loss": 4.1, "train_seconds": 600.0, "solve_seconds": 0.0})
         if multiplier:
             r.update(multiplier=2.5, multiplier_is="beyond", multiplier_text=multiplier, share_of_steps_to_cold=share)
         return r
@@ -228,6 +235,10 @@ def test_another_architecture_is_read_on_its_own_and_kept_out_of_the_transformer
     best = render_results._best_model(rows)
     assert "Best model of the sweep: llama-explicit, 1 epoch, width 128, V 8,192: 1.7111 bits/byte, at or below" in best
     assert "the project's transformer's best is explicit-init, 1 epoch, width 128, V 8,192: 1.8011" in best
+    assert "That is penzai's Llama-like transformer" in best
+    page = render_results.budgets({**render_results._load("budgets"),
+                                   "figures": {"rows": rows, "table": "", "plot": "budgets.png"}})
+    assert "Rows `llama-explicit` / `llama-random`: penzai's Llama-like transformer of" in page
     # the transformer's own readings and the README's table leave the other architecture out
     assert "llama" not in render_results._budget_reading(render_results._ours(rows))
     monkeypatch.setattr(render_results, "_load", lambda name: {"figures": {"rows": rows}} if name == "budgets" else None)
