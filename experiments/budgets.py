@@ -8,7 +8,8 @@ at every budget, width 256 at 1 and 2 epochs for cold, explicit init and the bet
 not depend on the width, are already solved); a second
 seed at the longest budget of width 128 for cold and explicit init (:data:`GRID`); beyond it,
 ``explicit-init-rms1`` (explicit init with the embeddings at RMS 1.0) at width 128 and a
-second seed of cold and explicit init at one epoch, and another architecture: penzai's Llama-like
+second seed of cold and explicit init at one epoch, the cross-fitted residual over 4 and 8 folds
+(``residual-crossfit-k4`` / ``-k8``; ``residual-crossfit`` has 2) at one epoch, and another architecture: penzai's Llama-like
 transformer of :mod:`any_model` (same width, depth, data and trainer), random init
 (``llama-random``) against explicit init (``llama-explicit``) at 1 and 2 epochs (:data:`EXTRA`, run
 with ``--runs``; an explicit start's multiplier is against the random init of its own
@@ -73,9 +74,16 @@ FIRST_VOCAB = 8192
 #: The Llama-like starts run at the rate :mod:`any_model` gives both of its inits (the project
 #: transformer's cold and explicit rate; not probed for that architecture).
 RATES = {"cold": 0.01, "explicit-init": 0.01, "residual": 0.003, "residual-crossfit": 0.003,
-         "explicit-init-rms1": 0.03, "llama-random": any_model.LEARNING_RATE, "llama-explicit": any_model.LEARNING_RATE}
+         "residual-crossfit-k4": 0.003, "residual-crossfit-k8": 0.003, "explicit-init-rms1": 0.03,
+         "llama-random": any_model.LEARNING_RATE, "llama-explicit": any_model.LEARNING_RATE}
 STARTS = tuple(RATES)
-EXPLICIT = ("explicit-init", "residual", "residual-crossfit", "explicit-init-rms1", "llama-explicit")
+EXPLICIT = ("explicit-init", "residual", "residual-crossfit", "residual-crossfit-k4", "residual-crossfit-k8",
+            "explicit-init-rms1", "llama-explicit")
+#: The cross-fitted residual's starts: ``{start: its folds K}`` (each :mod:`warm_transformer`'s
+#: ``residual-crossfit`` with ``--folds K``; the more folds, the more of the training split each
+#: fold's exact model counted, the nearer the tables it trains on are to the whole split's it is
+#: scored with). The K = 4 and 8 starts run at the rate the probe chose for K = 2.
+CROSSFIT_FOLDS = {"residual-crossfit": 2, "residual-crossfit-k4": 4, "residual-crossfit-k8": 8}
 #: Starts of another architecture: ``{start: (any_model's model, its init)}``, width 128 only.
 MODEL_STARTS = {"llama-random": ("llama", "random"), "llama-explicit": ("llama", "explicit")}
 #: What each architecture of the sweep is, as the results page names it.
@@ -111,9 +119,11 @@ def grid() -> list[tuple[str, int, int, int]]:
 GRID = grid()
 #: Runs beyond the issue's sweep: explicit init with the embeddings at RMS 1.0 at width 128, a
 #: second seed of cold and explicit init at one epoch (the headline budget's seed-to-seed noise),
-#: and the Llama-like transformer's random and explicit init at 1 and 2 epochs.
+#: the cross-fitted residual over 4 and 8 folds at one epoch, and the Llama-like transformer's
+#: random and explicit init at 1 and 2 epochs.
 EXTRA = ([("explicit-init-rms1", epochs, 128, 0) for epochs in (1, 2, 4)]
          + [("cold", 1, 128, 1), ("explicit-init", 1, 128, 1)]
+         + [("residual-crossfit-k4", 1, 128, 0), ("residual-crossfit-k8", 1, 128, 0)]
          + [(start, epochs, 128, 0) for epochs in (1, 2) for start in MODEL_STARTS])
 
 
@@ -124,7 +134,10 @@ def start_of(result: dict) -> str | None:
     if "model" in result:
         start = f"{result['model']}-{result['variant']}"
         return start if start in MODEL_STARTS and result.get("epochs") else None
-    return result["variant"] if result["variant"] in STARTS and result.get("fraction", 1.0) == 1.0 else None
+    start = result["variant"]
+    if start == "residual-crossfit":
+        start = next((name for name, k in CROSSFIT_FOLDS.items() if k == result.get("folds", 2)), None)
+    return start if start in STARTS and result.get("fraction", 1.0) == 1.0 else None
 
 
 def compute(run: dict) -> float:
@@ -293,7 +306,8 @@ def report(out: Path, write: bool = True, also: tuple[Path, ...] = ()) -> dict:
         # a run at another rate than its start's probe chose is measured and listed, never a start's figure
         row["at_probed_rate"] = row["learning_rate"] == RATES[row["start"]]
         # what the results page reads a row's architecture and its cold start from
-        row.update(architecture=architecture(row["start"]), cold_start=cold_of(row["start"]))
+        row.update(architecture=architecture(row["start"]), cold_start=cold_of(row["start"]),
+                   folds=CROSSFIT_FOLDS.get(row["start"], 0))
         row["architecture_name"] = ARCHITECTURE_NAMES[row["architecture"]]
         cold = cold_curve(rows, row["width"], row["vocab_size"], cold_of(row["start"]))
         if row["start"] in EXPLICIT and cold:
@@ -337,6 +351,7 @@ def _plot(rows: list[dict], path: Path) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     colours = {"cold": "tab:gray", "explicit-init": "tab:blue", "residual": "tab:red", "residual-crossfit": "tab:brown",
+               "residual-crossfit-k4": "tab:orange", "residual-crossfit-k8": "tab:pink",
                "explicit-init-rms1": "tab:cyan", "llama-random": "tab:olive", "llama-explicit": "tab:green"}
     figure, axis = plt.subplots(figsize=(10, 4.5))
     main = lambda r: r["seed"] == 0 and r["at_probed_rate"]     # on the lines; the others as open markers
@@ -383,7 +398,6 @@ def main(argv=None):
     parser.add_argument("--runs", nargs="+", default=[], metavar="START:EPOCHS:WIDTH:SEED[:LR]",
                         help="run these (e.g. cold:4:128:0), each at its start's rate (RATES) unless LR is given")
     parser.add_argument("--exact-run", type=Path, help="an existing `saffu exact` run of the whole training split")
-    parser.add_argument("--folds", type=int, default=2, help="folds of residual-crossfit")
     parser.add_argument("--report", action="store_true", help="gather the finished runs (results/budgets.json)")
     parser.add_argument("--also", type=Path, nargs="+", default=[], help="with --report: further --out folders "
                         "(e.g. the runs of another vocabulary)")
@@ -431,10 +445,11 @@ def main(argv=None):
             any_model.main(["--workdir", str(args.workdir), "--out", str(args.out), "--models", model, "--inits", init,
                             "--epochs", str(epochs), "--seed", str(seed), "--learning-rate", str(rate), "--quiet"])
             continue
-        argv = ["--workdir", str(args.workdir), "--out", str(args.out), "--variants", start, "--seeds", str(seed),
+        variant = "residual-crossfit" if start in CROSSFIT_FOLDS else start
+        argv = ["--workdir", str(args.workdir), "--out", str(args.out), "--variants", variant, "--seeds", str(seed),
                 "--epochs", str(epochs), "--width", str(width), "--learning-rate", str(rate),
-                "--folds", str(args.folds)] + (["--exact-run", str(args.exact_run)] if args.exact_run else [])
-        wt.main(argv)
+                "--folds", str(CROSSFIT_FOLDS.get(start, 2))]
+        wt.main(argv + (["--exact-run", str(args.exact_run)] if args.exact_run else []))
     if args.report:
         report(args.out, write=not args.no_write, also=tuple(args.also))
 

@@ -110,11 +110,14 @@ def _exact(workdir, out: Path, fraction: float, exact_run: Path | None, kneser_n
     return run, summary
 
 
-def run_name(variant: str, seed: int, fraction: float, learning_rate: float, epochs: int = 1, width: int = 128) -> str:
+def run_name(variant: str, seed: int, fraction: float, learning_rate: float, epochs: int = 1, width: int = 128,
+             folds: int = 2) -> str:
     """A main run's directory name (the rate only where it is not :data:`DEFAULT_LR`, the epochs
-    where they are not 1, the width where it is not 128)."""
+    where they are not 1, the width where it is not 128, a cross-fitted residual's folds where
+    they are not 2)."""
     return (f"{variant}_s{seed}_f{fraction:g}" + ("" if learning_rate == DEFAULT_LR else f"_lr{learning_rate:g}")
-            + ("" if epochs == 1 else f"_e{epochs}") + ("" if width == 128 else f"_w{width}"))
+            + ("" if epochs == 1 else f"_e{epochs}") + ("" if width == 128 else f"_w{width}")
+            + ("" if variant != "residual-crossfit" or folds == 2 else f"_k{folds}"))
 
 
 def run_one(variant: str, seed: int, fraction: float, args, source, learning_rate: float,
@@ -158,7 +161,7 @@ def run_one(variant: str, seed: int, fraction: float, args, source, learning_rat
         extra.update(explicit_dev_bpb=summary["dev_bpb"], explicit_dev_loss=summary["dev_loss"])
     fixed = {name: params[name] for name in getattr(config, "fixed_params", ()) if name in params}
     epochs = getattr(args, "epochs", 1) if final_eval else 1      # probes: one epoch of their share
-    run = run or args.out / "runs" / run_name(variant, seed, fraction, learning_rate, epochs, base.width)
+    run = run or args.out / "runs" / run_name(variant, seed, fraction, learning_rate, epochs, base.width, args.folds)
     train_config = TrainConfig(learning_rate=learning_rate, seed=seed, eval_every=args.eval_every,
                                eval_windows=args.eval_windows, checkpoint_every=args.checkpoint_every)
     # a budget of several epochs is its own run with its own cosine schedule over all its steps
@@ -433,8 +436,8 @@ def main(argv=None):
         for fraction in args.fractions:
             for seed in args.seeds:
                 for variant in args.variants:
-                    if (args.out / "runs" / run_name(variant, seed, fraction, rates[variant], args.epochs, args.width)
-                            / "result.json").exists():
+                    name = run_name(variant, seed, fraction, rates[variant], args.epochs, args.width, args.folds)
+                    if (args.out / "runs" / name / "result.json").exists():
                         continue
                     result = run_one(variant, seed, fraction, args, source, rates[variant])
                     print(f"{fraction:.0%} {variant:>16} seed {seed}: dev {result['dev_bpb']:.4f} bits/byte, "

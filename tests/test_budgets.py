@@ -168,3 +168,21 @@ def test_each_start_is_measured_against_the_random_init_of_its_own_architecture(
         == [("cold", "saffu"), ("cold", "saffu"), ("llama-random", "llama"), ("llama-random", "llama")]
     for start in STARTS:                      # a cold start is its own, of the same architecture
         assert cold_of(cold_of(start)) == cold_of(start) and architecture(cold_of(start)) == architecture(start)
+
+
+def test_a_cross_fitted_residual_is_its_own_start_per_number_of_folds(tmp_path, monkeypatch):
+    import budgets
+    import warm_transformer
+    monkeypatch.setattr(budgets, "recorded_rows", lambda: [])
+    _result(tmp_path, "cold_s0_f1", variant="cold", epochs=1, dev_bpb=1.9)
+    _result(tmp_path, "residual_s0_f1_lr0.003", variant="residual", learning_rate=0.003, epochs=1, dev_bpb=1.79)
+    for folds, bpb in ((2, 1.788), (4, 1.785), (3, 1.5)):     # K = 3 is no start of the sweep: left out
+        name = warm_transformer.run_name("residual-crossfit", 0, 1.0, 0.003, folds=folds)
+        _result(tmp_path, name, variant="residual-crossfit", learning_rate=0.003, folds=folds, epochs=1, dev_bpb=bpb)
+    assert warm_transformer.run_name("residual-crossfit", 0, 1.0, 0.003, folds=2) == "residual-crossfit_s0_f1_lr0.003"
+    assert warm_transformer.run_name("residual", 0, 1.0, 0.003, folds=4) == "residual_s0_f1_lr0.003"
+    rows = budgets.report(tmp_path, write=False)["rows"]
+    assert [(r["start"], r["folds"], r["dev_bpb"]) for r in rows] == [
+        ("cold", 0, 1.9), ("residual", 0, 1.79), ("residual-crossfit", 2, 1.788), ("residual-crossfit-k4", 4, 1.785)]
+    assert rows[-1]["reproduce"].endswith("--runs residual-crossfit-k4:1:128:0")
+    assert all(r["multiplier_is"] == "beyond" for r in rows[1:])      # each against the cold curve

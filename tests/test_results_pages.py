@@ -12,13 +12,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "experiments"))
 
 import render_results  # noqa: E402
-from budgets import ARCHITECTURE_NAMES, architecture, cold_of  # noqa: E402
+from budgets import ARCHITECTURE_NAMES, CROSSFIT_FOLDS, architecture, cold_of  # noqa: E402
 
 
 def _reported(row: dict) -> dict:
-    """A sweep row as ``budgets.py --report`` writes it: with its architecture and its cold start."""
+    """A sweep row as ``budgets.py --report`` writes it: with its architecture, its cold start and
+    its folds (a cross-fitted residual's ``K``, else 0)."""
     return {**row, "architecture": architecture(row["start"]), "cold_start": cold_of(row["start"]),
-            "architecture_name": ARCHITECTURE_NAMES[architecture(row["start"])]}
+            "architecture_name": ARCHITECTURE_NAMES[architecture(row["start"])],
+            "folds": CROSSFIT_FOLDS.get(row["start"], 0)}
 
 
 def test_every_results_page_is_generated_from_its_results_file():
@@ -244,3 +246,17 @@ def test_another_architecture_is_read_on_its_own_and_kept_out_of_the_transformer
     monkeypatch.setattr(render_results, "_load", lambda name: {"figures": {"rows": rows}} if name == "budgets" else None)
     block = render_results.lasts_block()
     assert "| 1 | 1.9211 | explicit init | 1.8011 |" in block and "llama" not in block
+
+
+def test_the_cross_fitting_reading_sets_each_number_of_folds_against_the_plain_residual():
+    def row(start, bpb, train, dev):
+        return _reported({"start": start, "width": 128, "epochs": 1, "seed": 0, "vocab_size": 8192, "dev_bpb": bpb,
+                          "train_loss": train, "last_dev_window_loss": dev})
+    rows = [row("residual", 1.7905, 2.0, 4.4), row("residual-crossfit-k4", 1.7850, 4.3, 4.35),
+            row("residual-crossfit", 1.7882, 4.5, 4.4), row("explicit-init", 1.8031, 4.2, 4.3)]
+    reading = render_results._crossfit_gaps(rows)
+    two, four = reading.strip().splitlines()[-2:]
+    assert two.startswith("* V 8,192, width 128, 1 epoch, seed 0, K = 2 folds: train–dev gap 2.400 nats (plain "
+                          "residual) against -0.100 (cross-fitted), 104% of it closed; dev 1.7905 against 1.7882")
+    assert "K = 4 folds: train–dev gap 2.400 nats (plain residual) against 0.050 (cross-fitted), 98% of it" in four
+    assert render_results._crossfit_gaps(rows[1:]) == ""            # no plain residual at that budget
