@@ -584,11 +584,12 @@ def lasts_block() -> str:
     every_seed = [r for r in _ours(_at_probed_rates(budgets["figures"]["rows"] if budgets else [])) if r["width"] == 128
                   and r.get("vocab_size", HEADLINE_VOCAB) == HEADLINE_VOCAB]
     rows = [r for r in every_seed if r["seed"] == 0]
-    lines = []
+    lines, bests = [], []
     for epochs in sorted({r["epochs"] for r in rows}):
         cold = next((r for r in rows if r["start"] == "cold" and r["epochs"] == epochs), None)
         explicit = [r for r in rows if r["epochs"] == epochs and "multiplier" in r]
         best = min(explicit, key=lambda r: r["dev_bpb"]) if explicit else None
+        bests.append(best is not None and best["multiplier"] < MULTIPLIER_BAR)
         cold_bpb = f"{cold['dev_bpb']:.4f}" if cold else "not run yet"
         minutes = " / ".join(f"{(r['train_seconds'] + r['solve_seconds']) / 60:.0f}" if r else "–" for r in (cold, best))
         lines.append(f"| {epochs} | {cold_bpb} | "
@@ -605,10 +606,13 @@ def lasts_block() -> str:
                       + (f"cold {cold['dev_bpb']:.4f}, " if cold else "")
                       + f"{START_LABELS.get(r['start'], r['start'])} {r['dev_bpb']:.4f}"
                       + (f" (compute multiplier {r['multiplier_text']})" if "multiplier" in r else "") + ".")
+    # where the best explicit start's multiplier (or only its lower bound) is under the bar: the
+    # results page's reading of this width and vocabulary, which says at which budget and why
+    why = (_budget_reading(rows).split("\n\n", 1)[1].removeprefix("* ") if any(bests) else "")
     return ("| epochs | cold (bits/byte) | best explicit start (lowest dev loss) | its bits/byte | compute multiplier "
             "| minutes on one core, cold / explicit (solve included) |\n"
             "|---:|---:|---|---:|---|---|\n" + "\n".join(lines) + "\n"
-            + ("\n" + "\n".join(others) + "\n" if others else ""))
+            + ("\n" + "\n".join(others) + "\n" if others else "") + ("\n" + why if why else ""))
 
 
 def setup_block() -> str:

@@ -260,3 +260,20 @@ def test_the_cross_fitting_reading_sets_each_number_of_folds_against_the_plain_r
                           "residual) against -0.100 (cross-fitted), 104% of it closed; dev 1.7905 against 1.7882")
     assert "K = 4 folds: train–dev gap 2.400 nats (plain residual) against 0.050 (cross-fitted), 98% of it" in four
     assert render_results._crossfit_gaps(rows[1:]) == ""            # no plain residual at that budget
+
+
+def test_the_readme_lasts_block_says_at_which_budget_the_multiplier_falls_under_2x_and_why(monkeypatch):
+    def row(start, epochs, bpb, train, multiplier=None):
+        r = _reported({"start": start, "width": 128, "epochs": epochs, "seed": 0, "vocab_size": 8192, "dev_bpb": bpb,
+                       "train_loss": train, "last_dev_window_loss": train + 0.2, "train_seconds": 600.0,
+                       "solve_seconds": 0.0})
+        return r if multiplier is None else {**r, "multiplier": multiplier, "multiplier_is": "beyond",
+                                             "multiplier_text": f"≥ {multiplier:.2f}×"}
+    rows = [row("cold", 1, 1.92, 4.7), row("explicit-init", 1, 1.80, 4.3, 7.9),
+            row("cold", 4, 1.82, 4.10), row("explicit-init", 4, 1.75, 3.6, 1.99), row("cold", 8, 1.86, 4.15)]
+    monkeypatch.setattr(render_results, "_load", lambda name: {"figures": {"rows": rows}} if name == "budgets" else None)
+    block = render_results.lasts_block()
+    assert "Not known yet at 4 epochs: only a lower bound under 2×" in block
+    assert "Cold is best at 4 epochs (1.8200) and worse with more compute at its learning rate (8 epochs 1.8600)" in block
+    rows[3]["multiplier"] = 2.5                                          # every budget at or above the bar: no reading
+    assert "Not known yet" not in render_results.lasts_block() and "Cold is best" not in render_results.lasts_block()
