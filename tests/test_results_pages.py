@@ -255,12 +255,30 @@ def test_the_cross_fitting_reading_sets_each_number_of_folds_against_the_plain_r
     rows = [row("residual", 1.7905, 2.0, 4.4), row("residual-crossfit-k4", 1.7850, 4.3, 4.35),
             row("residual-crossfit", 1.7882, 4.5, 4.4), row("explicit-init", 1.8031, 4.2, 4.3)]
     reading = render_results._crossfit_gaps(rows)
-    two, four = reading.strip().splitlines()[-2:]
+    two, four = [line for line in reading.splitlines() if line.startswith("* ")]
     assert two.startswith("* V 8,192, width 128, 1 epoch, seed 0, K = 2 folds: train–dev gap 2.400 nats (plain "
                           "residual) against -0.100 (cross-fitted), 104% of it closed; dev 1.7905 against 1.7882")
     assert "K = 4 folds: train–dev gap 2.400 nats (plain residual) against 0.050 (cross-fitted), 98% of it" in four
     assert render_results._crossfit_gaps(rows[1:]) == ""            # no plain residual at that budget
 
+
+def test_the_cross_fitting_reading_sets_its_best_number_of_folds_against_the_target():
+    def row(start, bpb, epochs=1, width=128):
+        return _reported({"start": start, "width": width, "epochs": epochs, "seed": 0, "vocab_size": 8192,
+                          "dev_bpb": bpb, "train_loss": 4.3, "last_dev_window_loss": 4.3})
+    rows = [row("residual", 1.7905), row("residual-crossfit", 1.7882), row("residual-crossfit-k4", 1.7901),
+            row("residual-crossfit-k8", 1.7897), row("residual-crossfit", 1.7805, epochs=4),
+            row("residual-crossfit", 1.7700, width=256)]                  # another width: not the target's
+    last = render_results._crossfit_gaps(rows).strip().splitlines()[-1]
+    assert last == ("The cross-fitted residual at 1 epoch, width 128, V 8,192: best with K = 2 folds, 1.7882 "
+                    "bits/byte, above the target of 1.78; K = 4 1.7901, K = 8 1.7897: more folds (more of the split "
+                    "in each fold's exact model) did not lower it. Its best at any budget: 4 epochs, K = 2, "
+                    "1.7805 bits/byte.")
+    rows[2] = row("residual-crossfit-k4", 1.7790)
+    last = render_results._crossfit_gaps(rows[:4]).strip().splitlines()[-1]
+    assert last == ("The cross-fitted residual at 1 epoch, width 128, V 8,192: best with K = 4 folds, 1.7790 "
+                    "bits/byte, at or below the target of 1.78; K = 2 1.7882, K = 8 1.7897: K = 4 did better than "
+                    "2 folds.")
 
 def test_the_readme_lasts_block_says_at_which_budget_the_multiplier_falls_under_2x_and_why(monkeypatch):
     def row(start, epochs, bpb, train, multiplier=None):
