@@ -236,6 +236,11 @@ def _seed_reading(rows: list[dict]) -> str:
 BEST_MODEL_TARGET = 1.72
 
 
+def _against(bpb: float, target: float) -> str:
+    """Where dev bits per byte ``bpb`` stands against a ``target``: "at or below" or "above"."""
+    return "at or below" if bpb <= target else "above"
+
+
 def _other_architecture(rows: list[dict]) -> str:
     """Per budget of another architecture in the sweep: its random and explicit init's dev bits
     per byte, the explicit start's lead, multiplier and share of steps to random's final loss."""
@@ -275,14 +280,13 @@ def _best_model(rows: list[dict]) -> str:
                           f"{r['dev_bpb']:.4f} bits/byte")
     best = min(rows, key=lambda r: r["dev_bpb"])
     line = (f"\nBest model of the sweep: {describe(best)}, "
-            + ("at or below" if best["dev_bpb"] <= BEST_MODEL_TARGET else "above")
-            + f" the target of {BEST_MODEL_TARGET:g}.")
+            + _against(best["dev_bpb"], BEST_MODEL_TARGET) + f" the target of {BEST_MODEL_TARGET:g}.")
     ours = _ours(rows)
     if best["architecture"] != "saffu":
         if ours:
             mine = min(ours, key=lambda r: r["dev_bpb"])
             line += (f" That is {best['architecture_name']}; the project's transformer's best is {describe(mine)}, "
-                     + ("at or below" if mine["dev_bpb"] <= BEST_MODEL_TARGET else "above") + " it.")
+                     + _against(mine["dev_bpb"], BEST_MODEL_TARGET) + " it.")
         return line + "\n"
     other = _load("any_model")
     if other:
@@ -303,7 +307,8 @@ def _best_model(rows: list[dict]) -> str:
 
 def _crossfit_gaps(rows: list[dict]) -> str:
     """One line per budget and cross-fitted residual where the plain residual ran too: their
-    train–dev gaps and final bits per byte, with the cross-fitted residual's folds ``K``."""
+    train–dev gaps and final bits per byte, with the cross-fitted residual's folds ``K``; then
+    the one-epoch reading against its target (:func:`_crossfit_target`)."""
     budget = lambda r: (r["vocab_size"], r["width"], r["epochs"], r["seed"])
     plain = {budget(r): r for r in rows if r["start"] == "residual"}
     gap = lambda r: r["last_dev_window_loss"] - r["train_loss"]
@@ -333,7 +338,7 @@ def _crossfit_target(rows: list[dict]) -> str:
     best = min(runs, key=lambda r: r["dev_bpb"])
     line = (f"\nThe cross-fitted residual at 1 epoch, width 128, V {HEADLINE_VOCAB:,}: best with K = {best['folds']} "
             f"folds, {best['dev_bpb']:.4f} bits/byte, "
-            + ("at or below" if best["dev_bpb"] <= CROSSFIT_TARGET else "above") + f" the target of {CROSSFIT_TARGET:g}")
+            + _against(best["dev_bpb"], CROSSFIT_TARGET) + f" the target of {CROSSFIT_TARGET:g}")
     others = sorted((r for r in runs if r is not best), key=lambda r: (r["folds"], r["seed"]))
     if others:
         fewest = min(r["folds"] for r in runs)

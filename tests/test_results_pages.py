@@ -280,6 +280,7 @@ def test_the_cross_fitting_reading_sets_its_best_number_of_folds_against_the_tar
                     "bits/byte, at or below the target of 1.78; K = 2 1.7882, K = 8 1.7897: K = 4 did better than "
                     "2 folds.")
 
+
 def test_the_readme_lasts_block_says_at_which_budget_the_multiplier_falls_under_2x_and_why(monkeypatch):
     def row(start, epochs, bpb, train, multiplier=None):
         r = _reported({"start": start, "width": 128, "epochs": epochs, "seed": 0, "vocab_size": 8192, "dev_bpb": bpb,
