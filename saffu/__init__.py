@@ -31,7 +31,11 @@ from __future__ import annotations
 
 import importlib
 
+from saffu._host import keep_host_memory
+
 __version__ = "0.1.0"
+
+keep_host_memory()
 
 _EXPORTS = {
     "saffu._io": ["SaffuError"],

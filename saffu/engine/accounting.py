@@ -28,7 +28,9 @@ _LEDGER: contextvars.ContextVar[FlopLedger | None] = contextvars.ContextVar("saf
 
 def xla_flops(compiled: Any) -> float | None:
     """FLOPs of one call of a compiled executable (``jitted.lower(*args).compile()``) by XLA's
-    cost analysis, or None where the backend reports none."""
+    cost analysis, or None where the backend reports none. XLA counts a loop's body once, not
+    once per trip: a program that loops (the transformer's fused loss over chunks of tokens, its
+    attention over windows) does more than this count says."""
     try:
         analysis = compiled.cost_analysis()
     except Exception:  # some backends do not implement it

@@ -37,6 +37,7 @@ from saffu.configs import BigramConfig, ExactConfig, FactorisedConfig, Params, R
 from saffu.data.tokenizer import PAD_ID
 from saffu.models import bigram, exact, factorised, transformer
 from saffu.models import saffu as saffu_model
+from saffu.models.fused_loss import linear_nll_sum
 
 #: Every model kind: its config class, and (but the residual's, which wraps the others and
 #: imports this module) its random init and its logits, ``(params, config, tokens)``.
@@ -216,7 +217,20 @@ def target_nll(params: Params, config, windows: jax.Array, mask: jax.Array, cont
 
 def target_loss(params: Params, config, windows: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Summed NLL (nats, ``float32[]``) and target count (``int32[]``) of :func:`target_nll`'s
-    windows ``int32[B, R + T]`` with ``mask bool[B, T]``: :func:`window_loss`'s values, for training and scoring."""
+    windows ``int32[B, R + T]`` with ``mask bool[B, T]``: :func:`window_loss`'s values, for training and scoring.
+
+    A transformer's output layer and cross-entropy run fused, chunk by chunk
+    (:func:`saffu.models.fused_loss.linear_nll_sum`: no ``B × T × V`` logits; under
+    differentiation the gradient comes with the loss); the values are the same up to float32 rounding."""
+    if _kind(config) == "transformer":
+        context = config.context
+        h = transformer.transformer_features(params, config, windows[:, :-1], predict_from=context - 1)
+        output = params["output"]
+        kernel = output["kernel"]
+        bias = output.get("bias", jnp.zeros(kernel.shape[1], kernel.dtype))
+        nll = linear_nll_sum(h.reshape(-1, h.shape[-1]), kernel, bias, windows[:, context:].reshape(-1),
+                             mask.reshape(-1).astype(jnp.float32))
+        return nll, jnp.sum(mask)
     return jnp.sum(target_nll(params, config, windows, mask)), jnp.sum(mask)
 
 

@@ -35,6 +35,72 @@ def _mlp_layer(config: TransformerConfig, n_in: int, n_out: int, rngs: nnx.Rngs)
                             guided=config.guide_share > 0, rngs=rngs)
 
 
+def self_attention(module: nnx.MultiHeadAttention, x: jax.Array, mask: jax.Array) -> jax.Array:
+    """``module(x, mask=mask)`` (flax's multi-head self-attention, its parameters and its
+    result) computed faster on a CPU: the query, key and value projections as one product
+    ``[B·S, d] @ [d, 3d]``, and the softmax attention window by window with its backward pass
+    written out (:func:`_softmax_attention`). ``x float[B, S, d]``, ``mask bool[B, 1, S, S]``
+    (query × key) -> ``float[B, S, d]``."""
+    batch, length, d = x.shape
+    heads = module.num_heads
+    kernel = jnp.concatenate([module.query.kernel[...], module.key.kernel[...], module.value.kernel[...]], axis=1)
+    bias = jnp.concatenate([module.query.bias[...], module.key.bias[...], module.value.bias[...]], axis=0)
+    qkv = x.reshape(-1, d) @ kernel.reshape(d, 3 * d) + bias.reshape(1, 3 * d)
+    q, k, v = qkv.reshape(batch, length, 3, heads, d // heads).transpose(2, 0, 3, 1, 4)     # 3 × [B, H, S, k]
+    mixed = _softmax_attention(q * jnp.asarray(1 / math.sqrt(d // heads), q.dtype), k, v, mask)
+    mixed = mixed.transpose(0, 2, 1, 3).reshape(-1, d)                                     # [B·S, H·k]
+    out = mixed @ module.out.kernel[...].reshape(d, d) + module.out.bias[...][None]
+    return out.reshape(batch, length, d)
+
+
+def _window_scores(q, k, mask):
+    """A window's masked scores ``float32[H, S, S]`` (``q, k [H, S, k]``, ``mask bool[1, S, S]``)."""
+    scores = jnp.einsum("hqd,hkd->hqk", q, k, preferred_element_type=jnp.float32)
+    return jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+
+
+def _window_attention(q, k, v, mask):
+    """One window's attention output ``[H, S, k]`` and log-sum-exp ``float32[H, S]`` of its scores."""
+    scores = _window_scores(q, k, mask)
+    top = jnp.max(scores, axis=-1, keepdims=True)
+    weights = jnp.exp(scores - top)
+    total = jnp.sum(weights, axis=-1, keepdims=True)
+    out = jnp.einsum("hqk,hkd->hqd", weights.astype(v.dtype), v, preferred_element_type=jnp.float32) / total
+    return out.astype(v.dtype), (top + jnp.log(total))[..., 0]
+
+
+@jax.custom_vjp
+def _softmax_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """``softmax(q kᵀ, masked) v`` per head: ``q, k, v [B, H, S, k]`` (``q`` already scaled),
+    ``mask bool[B, 1, S, S]`` -> ``[B, H, S, k]``, window by window."""
+    return jax.lax.map(lambda args: _window_attention(*args)[0], (q, k, v, mask))
+
+
+def _attention_fwd(q, k, v, mask):
+    out, lse = jax.lax.map(lambda args: _window_attention(*args), (q, k, v, mask))
+    return out, (q, k, v, mask, out, lse)
+
+
+def _attention_bwd(residuals, d_out):
+    """Per window: the weights ``P`` again from the scores and the log-sum-exp, then the
+    softmax's backward as ``P ⊙ (dP − rowsum(dO ⊙ O))`` (``rowsum(dP ⊙ P) = rowsum(dO ⊙ O)``)."""
+    def window(args):
+        q, k, v, mask, out, lse, d_out = args
+        weights = jnp.exp(_window_scores(q, k, mask) - lse[..., None])
+        d_weights = jnp.einsum("hqd,hkd->hqk", d_out, v, preferred_element_type=jnp.float32)
+        rows = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1, keepdims=True)
+        d_scores = (weights * (d_weights - rows)).astype(q.dtype)
+        return (jnp.einsum("hqk,hkd->hqd", d_scores, k), jnp.einsum("hqk,hqd->hkd", d_scores, q),
+                jnp.einsum("hqk,hqd->hkd", weights.astype(d_out.dtype), d_out).astype(v.dtype))
+
+    q, k, v, mask, out, lse = residuals
+    d_q, d_k, d_v = jax.lax.map(window, (q, k, v, mask, out, lse, d_out))
+    return d_q, d_k, d_v, None
+
+
+_softmax_attention.defvjp(_attention_fwd, _attention_bwd)
+
+
 class Block(nnx.Module):
     """Pre-norm block: ``x + attn(LN(x))``, then ``x + MLP(LN(x))``; the MLP's two layers dense
     or structured (:mod:`saffu.models.structured`, ``config.ffn``)."""
@@ -49,9 +115,12 @@ class Block(nnx.Module):
 
     def __call__(self, x: jax.Array, mask: jax.Array, sow_weights: bool = False,
                  alpha: jax.Array | None = None) -> jax.Array:
-        x = x + self.attention(self.attention_norm(x), mask=mask, sow_weights=sow_weights)
+        h = self.attention_norm(x)
+        # flax's own call keeps the attention weights; the faster one computes the same
+        x = x + (self.attention(h, mask=mask, sow_weights=True) if sow_weights else self_attention(self.attention, h, mask))
         guide = () if alpha is None else (alpha,)     # none: dense, structured, or the guide is gone
-        return x + self.mlp_out(jax.nn.gelu(self.mlp_in(self.mlp_norm(x), *guide)), *guide)
+        h = self.mlp_norm(x).reshape(-1, x.shape[-1])                                     # [B·S, d]
+        return x + self.mlp_out(jax.nn.gelu(self.mlp_in(h, *guide)), *guide).reshape(x.shape)
 
 
 class Transformer(nnx.Module):
@@ -72,6 +141,12 @@ class Transformer(nnx.Module):
         the dense guide's weight of self-guided training (``None``: the structured MLP alone);
         ``positions int32[B, S]``: each token's position (``None``: ``0 … S − 1``); the logits of
         positions ``predict_from …`` only (the blocks still read every position)."""
+        return self.output(self.features(tokens, sow_weights, alpha, positions, predict_from))
+
+    def features(self, tokens: jax.Array, sow_weights: bool = False, alpha: jax.Array | None = None,
+                 positions: jax.Array | None = None, predict_from: int = 0) -> jax.Array:
+        """What the output layer reads: the final norm's ``float[B, S − predict_from, d]``
+        (:meth:`__call__`'s arguments)."""
         length = tokens.shape[1]
         if positions is None and length > self.config.max_len:
             raise SaffuError(f"window of {length} tokens is longer than the transformer's max_len "
@@ -84,7 +159,7 @@ class Transformer(nnx.Module):
         mask = document_causal_mask(tokens)
         for block in self.blocks:
             x = block(x, mask, sow_weights, alpha)
-        return self.output(self.final_norm(x[:, predict_from:]))
+        return self.final_norm(x[:, predict_from:])
 
 
 def document_causal_mask(tokens: jax.Array) -> jax.Array:
@@ -128,6 +203,18 @@ def transformer_logits(params: Params, config: TransformerConfig, tokens: jax.Ar
         params = dict(params)
         alpha = params.pop("guide_alpha")
     return _module(params, config)(tokens, alpha=alpha, positions=positions, predict_from=predict_from)
+
+
+def transformer_features(params: Params, config: TransformerConfig, tokens: jax.Array,
+                         positions: jax.Array | None = None, predict_from: int = 0) -> jax.Array:
+    """What the output layer reads, ``float[B, S − predict_from, d]`` (the final norm's output):
+    :func:`transformer_logits` is ``features @ params["output"]["kernel"] (+ bias)``. Same
+    arguments as :func:`transformer_logits`."""
+    alpha = None
+    if "guide_alpha" in params:
+        params = dict(params)
+        alpha = params.pop("guide_alpha")
+    return _module(params, config).features(tokens, alpha=alpha, positions=positions, predict_from=predict_from)
 
 
 def drop_guide(params: Params, config: TransformerConfig) -> tuple[TransformerConfig, Params]:

@@ -189,7 +189,8 @@ def _trainable_mask(config: TrainConfig, params: Params, step: jax.Array) -> Par
     return jax.tree_util.tree_map_with_path(keep, params)
 
 
-def make_train_step(model: Model, optimizer: optax.GradientTransformation, config: TrainConfig) -> Callable:
+def make_train_step(model: Model, optimizer: optax.GradientTransformation, config: TrainConfig,
+                    mesh: Mesh | None = None) -> Callable:
     """The jitted step ``(params, opt_state, stats, step, windows int32[B, R + T], mask bool[B, T],
     fixed) -> (params, opt_state, stats)``, donating ``params``, ``opt_state`` and ``stats``.
     ``fixed`` holds the model's ``fixed_params`` (inputs: neither differentiated nor updated,
@@ -200,17 +201,39 @@ def make_train_step(model: Model, optimizer: optax.GradientTransformation, confi
     ``logsumexp − logit`` instead of a ``V``-wide log-softmax array). A step whose loss or gradients are not
     finite is not applied (parameters and optimizer state are returned unchanged) and is
     counted in ``stats``; the host decides what to do at its next read.
+
+    With a ``mesh`` (:func:`data_parallel_mesh`; the batch split over its ``"data"`` axis, the
+    rest replicated) each device computes the summed NLL, target count and gradients of its
+    own windows (``jax.shard_map``: no device sees another's activations), and one ``psum``
+    adds them up before the (replicated) optimizer update: the same loss and gradients as on
+    one device, up to the order of float32 sums.
     """
     compute = jnp.dtype(config.compute_dtype)
 
-    def loss_fn(p, windows, mask, fixed):
+    def nll_fn(p, windows, mask, fixed):
         if compute != jnp.float32:
             p = jax.tree.map(lambda x: x.astype(compute) if jnp.issubdtype(x.dtype, jnp.floating) else x, p)
         nll, count = target_loss({**p, **fixed}, model, windows, mask)
-        return nll.astype(jnp.float32) / jnp.maximum(count, 1)
+        return nll.astype(jnp.float32), count
+
+    def sums(p, windows, mask, fixed):
+        """``(summed NLL, target count, gradients of the summed NLL)`` of these windows."""
+        (nll, count), grads = jax.value_and_grad(nll_fn, has_aux=True)(p, windows, mask, fixed)
+        return nll, count, grads
+
+    if mesh is not None:
+        local, replicated, split = sums, PartitionSpec(), PartitionSpec("data")
+        sums = jax.shard_map(lambda *args: jax.lax.psum(local(*args), "data"), mesh=mesh,
+                             in_specs=(replicated, split, split, replicated), out_specs=replicated,
+                             check_vma=False)
+
+    def loss_and_grads(p, windows, mask, fixed):
+        nll, count, grads = sums(p, windows, mask, fixed)
+        scale = 1.0 / jnp.maximum(count, 1).astype(jnp.float32)
+        return nll * scale, jax.tree.map(lambda g: g * scale.astype(g.dtype), grads)
 
     def step_fn(p, opt_state, stats: StepStats, step, windows, mask, fixed):
-        loss, grads = jax.value_and_grad(loss_fn)(p, windows, mask, fixed)
+        loss, grads = loss_and_grads(p, windows, mask, fixed)
         updates, new_opt_state = optimizer.update(grads, opt_state, p)
         updates = jax.tree.map(lambda u, keep: jnp.where(keep, u, 0.0), updates,
                                _trainable_mask(config, updates, step))
@@ -334,7 +357,8 @@ def train(model: Model, params: Params, train_stream: np.ndarray, config: TrainC
     ``tokens``, ``seconds`` (training time, evaluation excluded), ``tokens_per_s`` (this call's
     steps over this call's seconds), ``flops`` (analytic: 3 × the model's forward FLOPs per
     trained token), ``xla_flops`` (XLA's count of one compiled step × steps; None where the
-    backend has no cost analysis), ``peak_rss_mb`` (and ``device_peak_mb`` on accelerators),
+    backend has no cost analysis; a lower bound for a step that loops, see
+    :func:`saffu.engine.accounting.xla_flops`), ``peak_rss_mb`` (and ``device_peak_mb`` on accelerators),
     ``train_loss`` (mean of the losses read since the last evaluation), ``dev_loss``
     (nats/token on the evenly spaced dev windows) and ``skipped_steps`` (non-finite steps
     skipped by this call, with ``on_nonfinite="skip"``).
@@ -390,7 +414,7 @@ def _train(model, params, train_stream, config, run_dir: Path, dev_stream, on_ev
     put_inputs = (lambda inputs: jax.device_put(inputs, replicated)) if mesh is not None else (lambda inputs: inputs)
     batch = put_batch(schedule(min(start, steps - 1)))
     stats = StepStats.zeros()
-    train_step = make_train_step(model, optimizer, config)
+    train_step = make_train_step(model, optimizer, config, mesh)
     tokens_per_step = config.batch_size * config.seq_len
     phases: dict[tuple, tuple] = {}
 
