@@ -200,23 +200,42 @@ def share_of_steps_to_cold(row: dict, rows: list[dict]) -> float | None:
     return None if step is None else step / row["steps"]
 
 
-def estimate_minutes(run: tuple[str, int, int, int], rows: list[dict], vocab: int) -> float | None:
+def estimate_minutes(run: tuple[str, int, int, int], rows: list[dict], vocab: int,
+                     speedup: tuple[float, str] | None = None) -> float | None:
     """About how long an unfinished run ``(start, epochs, width, seed)`` takes on one core, from
     the finished runs of the same architecture, width and vocabulary: their median training
     seconds per step (every start's: a step costs about the same whatever the start, and the
     median of more runs is less at the mercy of the load one of them ran under) times the run's
     steps, plus the start's median solve seconds (0 where none of its runs finished: its solve
     is unknown).
+    ``speedup`` ``(factor, since)``: a run of the project's transformer that finished before
+    ``since`` (an ISO date-time) trained at the speed before the training-speed work, so its
+    seconds per step are divided by ``factor`` (:func:`step_speedup`: the transformer step's
+    measured speed-up; a residual start's step, whose output layer is not fused, gained less).
     ``None``: no finished run of that architecture, width and vocabulary."""
     start, epochs, width, _ = run
     same = [r for r in rows if r["width"] == width and r.get("vocab_size", FIRST_VOCAB) == vocab and r["steps"]
             and architecture(r["start"]) == architecture(start)]
     if not same:
         return None
-    per_step = statistics.median(r["train_seconds"] / r["steps"] for r in same)
+    factor = lambda r: (speedup[0] if speedup and architecture(r["start"]) == "saffu"
+                        and r.get("finished", "") < speedup[1] else 1.0)
+    per_step = statistics.median(r["train_seconds"] / r["steps"] / factor(r) for r in same)
     steps_per_epoch = statistics.median(r["steps"] / r["epochs"] for r in same)
     solve = statistics.median([r["solve_seconds"] for r in same if r["start"] == start] or [0.0])
     return (per_step * steps_per_epoch * epochs + solve) / 60
+
+
+def step_speedup() -> tuple[float, str] | None:
+    """``(speedup_vs_before, started)`` of ``results/bench_train.json``: how many times faster
+    the transformer's training step is than before the training-speed work, and since when
+    (``None`` without that results file)."""
+    path = RESULTS / "bench_train.json"
+    if not path.exists():
+        return None
+    record = json.loads(path.read_text())
+    factor = record["figures"].get("speedup_vs_before")
+    return (factor, record["started"]) if factor else None
 
 
 DERIVED = ("cold_compute_to_match", "multiplier", "multiplier_is", "multiplier_text", "share_of_steps_to_cold",
@@ -426,6 +445,10 @@ def main(argv=None):
     finished = lambda run: recorded.get((*run, RATES[run[0]], vocab))
     pending = [run for run in GRID if finished(run) is None]
     if args.plan:
+        speedup = step_speedup()
+        if speedup:
+            print(f"estimates: the steps of runs of the project's transformer finished before {speedup[1]} "
+                  f"divided by {speedup[0]:.2f} (results/bench_train.json)")
         for heading, runs in (("", GRID), ("beyond the issue's sweep (--runs):\n", EXTRA)):
             print(heading, end="")
             for run in runs:
@@ -433,7 +456,7 @@ def main(argv=None):
                 if done:
                     state = f"dev {done['dev_bpb']:.4f} bits/byte"
                 else:
-                    minutes = estimate_minutes(run, list(recorded.values()), vocab)
+                    minutes = estimate_minutes(run, list(recorded.values()), vocab, speedup)
                     state = "to run" + ("" if minutes is None else f", about {minutes:.0f} min on one core")
                 print(f"{run[0]:>18}  {run[1]} epochs  width {run[2]}  seed {run[3]}  lr {RATES[run[0]]:g}: {state}")
     todo += [(*run, RATES[run[0]]) for run in pending[:args.next]]

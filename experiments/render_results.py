@@ -458,6 +458,57 @@ passes, float32 master weights and optimizer state):
 """
 
 
+def bench_train(record: dict) -> str:
+    f = record["figures"]
+    m = f["model"]
+    labels = {"saffu": "saffu", "saffu-before": "saffu, revision before the speed work", "saffu-dp2":
+              "saffu, data-parallel over 2 host devices (`--devices 2`)", "torch-eager": "PyTorch, eager",
+              "torch-compile": "PyTorch, `torch.compile`"}
+    rows = "\n".join(
+        f"| {labels.get(r['variant'], r['variant'])} | {r['cores']} | {r['seconds_per_step'] * 1e3:,.0f} ms "
+        f"({', '.join(f'{x * 1e3:,.0f}' for x in r['seconds_per_step_rounds'])}) | {r['tokens_per_s']:,.0f} | "
+        f"{r['tokens_per_s_per_core']:,.0f} | {r['gflops_per_s']:.1f} | {r['mean_train_loss']:.5f} | "
+        f"{r['final_loss']:.5f} | {r.get('page_faults_per_step', 0):,.0f} |" for r in f["rows"])
+    profile = "\n".join(f"| {p['ms_per_step']:.1f} ms | {p['share']:.1%} | {p.get('ops', 1)} | {p['kind']} | `{p['shape']}` | "
+                         f"`{p['what']}` |" for p in f["profile"])
+    ratio = lambda key: f"{f[key]:.2f}×" if f.get(key) else "not measured"
+    return f"""# Training speed: saffu against its earlier revision and a PyTorch peer
+
+Generated from [`results/bench_train.json`](../../results/bench_train.json) by `experiments/render_results.py`.
+
+{provenance(record)}
+
+The transformer (V {m['vocab_size']:,}, width {m['width']}, {m['layers']} layers, {m['heads']} heads, {m['context']} context
++ {m['seq_len']} targets per window, {m['batch_size']} windows a step: {f['tokens_per_step']:,} trained tokens;
+AdamW, float32), the same init and the same batches ({f['data']}) for every variant, each in a
+process of its own pinned with `taskset`, one process at a time, {f['steps']['rounds']} alternating rounds of
+{f['steps']['timed']} timed steps after {f['steps']['warm']} untimed ones (the median round is kept). GFLOP/s are XLA's
+count of one step of {f.get('xla_flops_from', 'saffu')} ({f['xla_flops_per_step'] / 1e9:.1f} GFLOP) over each variant's step time, so
+they compare as the step times do (XLA counts a loop's body once, and the faster step runs its
+output layer and attention in loops: its own count is lower than the work it does). The losses are the mean training loss of every step and the loss of the final
+parameters on the first batch: equal losses say the variants computed the same thing.
+
+| variant | cores | step (each round) | tokens/s | tokens/s per core | GFLOP/s | mean training loss | final loss | page faults per step |
+|---|---:|---:|---:|---:|---:|---:|---:|---:|
+{rows}
+
+* saffu per core against the revision before: {ratio('speedup_vs_before')}
+* saffu per core against the PyTorch peer's best on one core: {ratio('speedup_vs_torch')}
+* saffu on both cores against one core (best of one process and `--devices 2`: {f.get('best_two_core_variant')}): {ratio('speedup_two_cores')}
+* the largest difference of a final loss from saffu's: {f['max_final_loss_difference']:.2g}
+
+{'No accelerator row: no GPU was available to this run (JAX backend cpu).' if f.get('backend', 'cpu') == 'cpu' else 'JAX backend: ' + f['backend'] + '.'}
+
+saffu's step on one core, the ops that take longest (from a `jax.profiler` trace joined with the
+compiled HLO; the same operation at every layer, or every chunk of a loop, is one row: its ops
+added up; shares of the time spent in ops):
+
+| time per step | share | ops | kind | result shape | JAX operation |
+|---:|---:|---:|---|---|---|
+{profile}
+"""
+
+
 def bench_stats(record: dict) -> str:
     f = record["figures"]
     per_repeat = ", ".join(f"{x:.1f}×" for x in f["speedup_vs_numpy_per_repeat"])
@@ -556,7 +607,7 @@ def mm_shape(f: dict) -> str:
     return f"{rows:,} × {width}] @ [{width} × {vocab:,}"
 
 
-RENDERERS = {"bench_bf16": bench_bf16, "bench_scoring": bench_scoring, "bench_stats": bench_stats, "soak": soak, "budgets": budgets, "any_model": any_model, "setup": setup}
+RENDERERS = {"bench_train": bench_train, "bench_bf16": bench_bf16, "bench_scoring": bench_scoring, "bench_stats": bench_stats, "soak": soak, "budgets": budgets, "any_model": any_model, "setup": setup}
 
 
 def _load(name: str) -> dict | None:
@@ -685,6 +736,14 @@ def speed_block() -> str:
         f = stats["figures"]
         lines.append(f"* statistics engine: {f['speedup_vs_numpy']:.1f}× `np.add.at` (median; smallest repeat "
                      f"{f['min_speedup_vs_numpy']:.1f}×) ({stats['date']}, [bench_stats](docs/results/bench_stats.md))")
+    train = _load("bench_train")
+    if train:
+        f = train["figures"]
+        two = f"{f['speedup_two_cores']:.2f}×" if f.get("speedup_two_cores") else "not measured"
+        lines.append(f"* training step of the transformer: {f['speedup_vs_before']:.2f}× the tokens/s per core of the "
+                     f"revision before the speed work, {f['speedup_vs_torch']:.2f}× the same model in PyTorch (its best of "
+                     f"eager and `torch.compile`), both cores {two} one core, at the same losses "
+                     f"({train['date']}, [bench_train](docs/results/bench_train.md))")
     bf16 = _load("bench_bf16")
     if bf16:
         f = bf16["figures"]

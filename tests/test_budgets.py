@@ -186,3 +186,17 @@ def test_a_cross_fitted_residual_is_its_own_start_per_number_of_folds(tmp_path, 
         ("cold", 0, 1.9), ("residual", 0, 1.79), ("residual-crossfit", 2, 1.788), ("residual-crossfit-k4", 4, 1.785)]
     assert rows[-1]["reproduce"].endswith("--runs residual-crossfit-k4:1:128:0")
     assert all(r["multiplier_is"] == "beyond" for r in rows[1:])      # each against the cold curve
+
+
+def test_the_plans_estimate_divides_the_steps_measured_before_the_speed_work_by_its_speedup():
+    from budgets import estimate_minutes
+    row = lambda start, seconds, finished: {"start": start, "epochs": 1, "width": 128, "vocab_size": 8192,
+                                            "steps": 100, "train_seconds": seconds, "solve_seconds": 0.0,
+                                            "finished": finished}
+    rows = [row("cold", 400.0, "2026-12-01T00:00:00+00:00"), row("explicit-init", 200.0, "2026-12-09T00:00:00+00:00"),
+            row("llama-random", 600.0, "2026-12-01T00:00:00+00:00")]
+    speedup = (2.0, "2026-12-06T00:00:00+00:00")
+    # before: 4 s a step / 2 → 2; after: 2 s a step as measured → median 2 s, 100 steps an epoch
+    assert estimate_minutes(("cold", 3, 128, 0), rows, 8192, speedup) == pytest.approx(3 * 200 / 60)
+    # another architecture's step did not change
+    assert estimate_minutes(("llama-explicit", 1, 128, 0), rows, 8192, speedup) == pytest.approx(600 / 60)
