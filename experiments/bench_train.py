@@ -112,6 +112,7 @@ def _saffu_child(spec: dict, batches: np.ndarray, data_parallel: bool, profile: 
         replicated, split = NamedSharding(mesh, PartitionSpec()), NamedSharding(mesh, PartitionSpec("data"))
         params, opt_state, stats = jax.device_put((params, opt_state, stats), replicated)
         put = lambda x: jax.device_put(x, split)
+    # the revision before takes no mesh argument (it runs only on one device here)
     step_fn = make_train_step(model, optimizer, config, mesh) if data_parallel else make_train_step(model, optimizer, config)
     first = (put(jnp.asarray(batches[0])), put(jnp.asarray(mask)))
     compiled = step_fn.lower(params, opt_state, stats, jnp.int32(0), *first, {}).compile()

@@ -49,17 +49,6 @@ def _chunk_nll(logits: jax.Array, targets: jax.Array) -> tuple[jax.Array, jax.Ar
     return lse, lse - picked
 
 
-def linear_nll(h: jax.Array, kernel: jax.Array, bias: jax.Array, targets: jax.Array,
-               chunk: int = CHUNK) -> jax.Array:
-    """Per-token NLL ``float32[N]`` of ``softmax(h W + b)`` at ``targets int32[N]`` (``h [N, d]``,
-    ``kernel [d, V]``, ``bias [V]``), chunk by chunk (no ``N × V`` array; not for
-    differentiation: :func:`linear_nll_sum` is)."""
-    n = h.shape[0]
-    hs, ts, _ = _chunked(h, targets, jnp.zeros(n, jnp.float32), chunk)
-    nll = jax.lax.map(lambda args: _chunk_nll(_chunk_logits(args[0], kernel, bias), args[1])[1], (hs, ts))
-    return nll.reshape(-1)[:n]
-
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
 def linear_nll_sum(h: jax.Array, kernel: jax.Array, bias: jax.Array, targets: jax.Array, weights: jax.Array,
                    chunk: int = CHUNK) -> jax.Array:
@@ -102,15 +91,10 @@ def _forward(h, kernel, bias, targets, weights, chunk, with_grads: bool):
     return loss, grads
 
 
-def _fwd(h, kernel, bias, targets, weights, chunk):
-    loss, grads = _forward(h, kernel, bias, targets, weights, chunk, with_grads=True)
-    return loss, grads
-
-
 def _bwd(chunk, grads, cotangent):
     d_h, d_kernel, d_bias = grads
     scale = lambda g: (g * cotangent.astype(g.dtype)).astype(g.dtype)
     return scale(d_h), scale(d_kernel), scale(d_bias), None, None
 
 
-linear_nll_sum.defvjp(_fwd, _bwd)
+linear_nll_sum.defvjp(functools.partial(_forward, with_grads=True), _bwd)

@@ -196,12 +196,7 @@ def transformer_logits(params: Params, config: TransformerConfig, tokens: jax.Ar
     its ``positions int32[B, S]`` (``None``: ``0 … S − 1``; packed sentences read the positions
     they have alone). A self-guided model's ``params["guide_alpha"]`` (``float32[]``, from
     :meth:`TransformerConfig.step_inputs`) mixes in the dense guide; without it the guide is not read."""
-    alpha = None
-    if "guide_alpha" in params:
-        if not config.guide_share:
-            raise SaffuError("a guide weight α was given to a transformer without self-guided training")
-        params = dict(params)
-        alpha = params.pop("guide_alpha")
+    params, alpha = _split_guide(params, config)
     return _module(params, config)(tokens, alpha=alpha, positions=positions, predict_from=predict_from)
 
 
@@ -210,11 +205,18 @@ def transformer_features(params: Params, config: TransformerConfig, tokens: jax.
     """What the output layer reads, ``float[B, S − predict_from, d]`` (the final norm's output):
     :func:`transformer_logits` is ``features @ params["output"]["kernel"] (+ bias)``. Same
     arguments as :func:`transformer_logits`."""
-    alpha = None
-    if "guide_alpha" in params:
-        params = dict(params)
-        alpha = params.pop("guide_alpha")
+    params, alpha = _split_guide(params, config)
     return _module(params, config).features(tokens, alpha=alpha, positions=positions, predict_from=predict_from)
+
+
+def _split_guide(params: Params, config: TransformerConfig) -> tuple[Params, jax.Array | None]:
+    """``params`` without a self-guided model's ``"guide_alpha"``, and that weight (``None``: none given)."""
+    if "guide_alpha" not in params:
+        return params, None
+    if not config.guide_share:
+        raise SaffuError("a guide weight α was given to a transformer without self-guided training")
+    params = dict(params)
+    return params, params.pop("guide_alpha")
 
 
 def drop_guide(params: Params, config: TransformerConfig) -> tuple[TransformerConfig, Params]:
