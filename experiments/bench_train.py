@@ -5,8 +5,10 @@ Every variant trains the same model (V 8,192, width 128, 5 layers, 4 heads, cont
 targets, 16 windows a step, AdamW, float32) from the same init on the same batches (the
 trainer's own batch schedule over the prepared corpus, or random tokens without one), each in a
 process of its own pinned with ``taskset`` (one process at a time), in alternating rounds; the
-median seconds per step of the rounds is kept. Each variant reports the mean training loss of
-its steps and the loss of its final parameters on the first batch, so a speed-up is never a
+median seconds per step of the rounds is kept. On both cores saffu runs three ways: one process
+(XLA's threads), one process over two forced host devices (``--devices 2``) and two processes,
+one pinned to each core, joined by ``jax.distributed`` (``--num-processes 2``). Each variant
+reports the mean training loss of its steps and the loss of its final parameters on the first batch, so a speed-up is never a
 different computation. XLA's FLOP count of one step gives the achieved GFLOP/s of every variant
 (one count for the model, so the GFLOP/s ratios are the speed ratios). saffu's step is also
 profiled op by op (the top ops by time).
@@ -40,7 +42,8 @@ ROOT = Path(__file__).resolve().parents[1]
 #: (name, what runs it, cores): the variants of one round. Cores: "0" one core, "0,1" both.
 VARIANTS = (("saffu", "saffu", "0"), ("saffu-before", "saffu", "0"), ("torch-eager", "torch", "0"),
             ("torch-compile", "torch", "0"),
-            ("saffu", "saffu", "0,1"), ("saffu-dp2", "saffu", "0,1"), ("saffu-before", "saffu", "0,1"),
+            ("saffu", "saffu", "0,1"), ("saffu-dp2", "saffu", "0,1"), ("saffu-mp2", "saffu", "0,1"),
+            ("saffu-before", "saffu", "0,1"),
             ("torch-eager", "torch", "0,1"), ("torch-compile", "torch", "0,1"))
 
 
@@ -60,13 +63,15 @@ def parse_args(argv=None):
     parser.add_argument("--steps", type=int, default=6, help="timed steps per variant and round")
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds (the median is kept)")
     parser.add_argument("--variants", help="comma-separated names[@cores] to run (default: all), "
-                                           "e.g. saffu@1,torch-eager@1,saffu-dp2@2")
+                                           "e.g. saffu@1,torch-eager@1,saffu-mp2@2")
     parser.add_argument("--quick", action="store_true", help="a small model, one round (about two minutes)")
     parser.add_argument("--metrics-json", type=Path, help="also write the figures here")
     parser.add_argument("--write-result", action="store_true", help="write results/bench_train.json")
     parser.add_argument("--child", help=argparse.SUPPRESS)       # internal: run one variant
     parser.add_argument("--spec", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--process-id", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--coordinator", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -84,13 +89,18 @@ def _load_spec(path: Path) -> tuple[dict, np.ndarray]:
     return spec, np.load(spec["batches"])
 
 
-def _saffu_child(spec: dict, batches: np.ndarray, data_parallel: bool, profile: bool) -> dict:
+def _saffu_child(spec: dict, batches: np.ndarray, data_parallel: bool, profile: bool,
+                 job: tuple[str, int] | None = None) -> dict:
     """One saffu variant (whichever ``saffu`` package is first on the path): seconds per step,
-    losses, XLA's FLOPs of the step and, with ``profile``, the top ops of the step by time."""
+    losses, XLA's FLOPs of the step and, with ``profile``, the top ops of the step by time.
+    ``job``: ``(coordinator, process id)`` of a two-process data-parallel job."""
     import jax
     import jax.numpy as jnp
 
     import saffu
+    if job is not None:
+        from saffu.engine import distributed
+        distributed.initialize(job[0], 2, job[1])
     from saffu.configs import TrainConfig, TransformerConfig
     from saffu.models.interface import model_init, target_loss
     from saffu.training.trainer import StepStats, make_optimizer, make_train_step
@@ -107,11 +117,12 @@ def _saffu_child(spec: dict, batches: np.ndarray, data_parallel: bool, profile: 
     if data_parallel:
         from jax.sharding import NamedSharding, PartitionSpec
 
+        from saffu.engine.distributed import put_global
         from saffu.training.trainer import data_parallel_mesh
-        mesh = data_parallel_mesh(2)
+        mesh = data_parallel_mesh(None if job else 2)
         replicated, split = NamedSharding(mesh, PartitionSpec()), NamedSharding(mesh, PartitionSpec("data"))
-        params, opt_state, stats = jax.device_put((params, opt_state, stats), replicated)
-        put = lambda x: jax.device_put(x, split)
+        params, opt_state, stats = put_global((params, opt_state, stats), replicated)
+        put = lambda x: put_global(np.asarray(x), split)
     # the revision before takes no mesh argument (it runs only on one device here)
     step_fn = make_train_step(model, optimizer, config, mesh) if data_parallel else make_train_step(model, optimizer, config)
     first = (put(jnp.asarray(batches[0])), put(jnp.asarray(mask)))
@@ -127,6 +138,9 @@ def _saffu_child(spec: dict, batches: np.ndarray, data_parallel: bool, profile: 
     jax.block_until_ready(stats)
     seconds = (time.perf_counter() - start) / spec["steps"]
     faults = (_page_faults() - faults) / spec["steps"]
+    if job is not None:    # the final loss on one process's copy of the parameters
+        from saffu.engine.distributed import local_copy
+        params, first = local_copy(params), (jnp.asarray(batches[0]), jnp.asarray(mask))
     nll, count = jax.jit(lambda p, w, m: target_loss(p, model, w, m))(params, *first)
     result = {"seconds_per_step": seconds, "mean_train_loss": float(stats.loss_sum) / int(stats.applied),
               "final_loss": float(nll) / int(count), "xla_flops": float(cost.get("flops", 0.0)),
@@ -293,8 +307,10 @@ def child(args) -> int:
     if name.startswith("torch"):
         result = _torch_child(spec, batches, name == "torch-compile", spec["threads"])
     else:
-        result = _saffu_child(spec, batches, name == "saffu-dp2", spec.get("profile", False))
-    args.out.write_text(json.dumps(result))
+        job = (args.coordinator, args.process_id) if name == "saffu-mp2" else None
+        result = _saffu_child(spec, batches, name in ("saffu-dp2", "saffu-mp2"), spec.get("profile", False), job)
+    if args.process_id == 0:
+        args.out.write_text(json.dumps(result))
     return 0
 
 
@@ -348,11 +364,23 @@ def _run_child(name: str, cores: str, spec: dict, folder: Path, before: Path | N
         env["PYTHONPATH"], cwd = str(before), before
     if name == "saffu-dp2":
         env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
-    command = ["taskset", "-c", cores, sys.executable, str(Path(__file__).resolve()), "--child", name,
-               "--spec", str(spec_path), "--out", str(out)]
-    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
-    if done.returncode:
-        raise RuntimeError(f"{name} on cores {cores} failed:\n{done.stderr[-3000:]}")
+    command = [sys.executable, str(Path(__file__).resolve()), "--child", name, "--spec", str(spec_path),
+               "--out", str(out)]
+    if name == "saffu-mp2":     # one process per core, joined by jax.distributed
+        import socket
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            coordinator = f"127.0.0.1:{probe.getsockname()[1]}"
+        jobs = [subprocess.Popen(["taskset", "-c", core, *command, "--coordinator", coordinator, "--process-id",
+                                  str(i)], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for i, core in enumerate(cores.split(","))]
+        done = [(job, *job.communicate()) for job in jobs]
+        failed = [err for job, _, err in done if job.returncode]
+    else:
+        run = subprocess.run(["taskset", "-c", cores, *command], cwd=cwd, env=env, capture_output=True, text=True)
+        failed = [run.stderr] if run.returncode else []
+    if failed:
+        raise RuntimeError(f"{name} on cores {cores} failed:\n{failed[0][-3000:]}")
     return json.loads(out.read_text())
 
 
@@ -439,12 +467,12 @@ def _figures(args, spec: dict, runs: dict, profile: list[dict]) -> dict:
     speed = lambda name, cores: by[(name, cores)]["tokens_per_s"] if (name, cores) in by else None
     ratio = lambda a, b: a / b if a and b else None
     torch_one = max((s for s in (speed("torch-eager", 1), speed("torch-compile", 1)) if s), default=None)
-    two = max((s for s in (speed("saffu", 2), speed("saffu-dp2", 2)) if s), default=None)
+    two = max((s for s in (speed("saffu", 2), speed("saffu-dp2", 2), speed("saffu-mp2", 2)) if s), default=None)
     reference = by.get(("saffu", 1), {}).get("final_loss")
     return {"speedup_vs_before": ratio(speed("saffu", 1), speed("saffu-before", 1)),
             "speedup_vs_torch": ratio(speed("saffu", 1), torch_one),
             "speedup_two_cores": ratio(two, speed("saffu", 1)),
-            "best_two_core_variant": max(((s, n) for n in ("saffu", "saffu-dp2") if (s := speed(n, 2))),
+            "best_two_core_variant": max(((s, n) for n in ("saffu", "saffu-dp2", "saffu-mp2") if (s := speed(n, 2))),
                                          default=(None, None))[1],
             "max_final_loss_difference": max((abs(r["final_loss"] - reference) for r in rows), default=None)
             if reference is not None else None,

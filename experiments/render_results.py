@@ -462,7 +462,8 @@ def bench_train(record: dict) -> str:
     f = record["figures"]
     m = f["model"]
     labels = {"saffu": "saffu", "saffu-before": "saffu, revision before the speed work", "saffu-dp2":
-              "saffu, data-parallel over 2 host devices (`--devices 2`)", "torch-eager": "PyTorch, eager",
+              "saffu, data-parallel over 2 host devices (`--devices 2`)", "saffu-mp2":
+              "saffu, data-parallel over 2 processes, one per core (`--num-processes 2`)", "torch-eager": "PyTorch, eager",
               "torch-compile": "PyTorch, `torch.compile`"}
     rows = "\n".join(
         f"| {labels.get(r['variant'], r['variant'])} | {r['cores']} | {r['seconds_per_step'] * 1e3:,.0f} ms "
@@ -494,7 +495,7 @@ parameters on the first batch: equal losses say the variants computed the same t
 
 * saffu per core against the revision before: {ratio('speedup_vs_before')}
 * saffu per core against the PyTorch peer's best on one core: {ratio('speedup_vs_torch')}
-* saffu on both cores against one core (best of one process and `--devices 2`: {f.get('best_two_core_variant')}): {ratio('speedup_two_cores')}
+* saffu on both cores against one core (the best of one process, `--devices 2` and two processes: {f.get('best_two_core_variant')}): {ratio('speedup_two_cores')}
 * the largest difference of a final loss from saffu's: {f['max_final_loss_difference']:.2g}
 
 {'No accelerator row: no GPU was available to this run (JAX backend cpu).' if f.get('backend', 'cpu') == 'cpu' else 'JAX backend: ' + f['backend'] + '.'}

@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import dataclasses
 import math
+import subprocess
 import sys
 import time
 import warnings
@@ -93,14 +94,24 @@ def _load_run(args):
     return (workdir, config, *load_params(args.run, config, args.checkpoint))
 
 
+#: The processes this one started for a local multi-process job (:func:`_join_processes`).
+_FOLLOWERS: list = []
+
+
 def _join_processes(args) -> bool:
     """Join the multi-process job of ``--num-processes`` (before any JAX work); returns whether
-    this process writes the outputs (process 0; the others drop ``--metrics-json``)."""
+    this process writes the outputs (process 0; the others drop ``--metrics-json``). Without
+    ``--coordinator``, process 0 starts the others on this machine, one per core
+    (:func:`saffu.engine.distributed.spawn_local`); :func:`main` waits for them."""
     if args.num_processes <= 1:
         return True
     from saffu.engine import distributed
     if not args.coordinator:
-        raise SaffuError("--num-processes > 1 needs --coordinator HOST:PORT (process 0's address)")
+        if args.process_id != 0:
+            raise SaffuError("--process-id needs --coordinator HOST:PORT (process 0's address)")
+        args.coordinator, started = distributed.spawn_local(sys.argv[1:] if args.argv is None else args.argv,
+                                                            args.num_processes)
+        _FOLLOWERS.extend(started)
     distributed.initialize(args.coordinator, args.num_processes, args.process_id)
     if args.process_id != 0:
         args.metrics_json = None
@@ -213,10 +224,17 @@ def cmd_train(args) -> dict:
     import jax
 
     from saffu.training import recipes
-    from saffu.training.checkpoints import latest_checkpoint_step
+    from saffu.training.checkpoints import latest_checkpoint_step, load_run_config
     from saffu.training.trainer import data_parallel_mesh, run_steps
-    workdir, run = _workdir(args), Path(args.run)
+    run = Path(args.run)
     start = config_from_args(configs.StartConfig, args, (*flags.START, "ffn_from"))
+    if args.num_processes > 1 and (start.residual is not None or start.init == "inherit" or start.ffn_from
+                                   or ((run / "config.json").exists() and
+                                   load_run_config(run).kind == "residual")):
+        raise SaffuError("--num-processes trains random and explicit starts; train a residual or inherited start "
+                         "in one process (--devices for several devices of one process)")
+    writer = _join_processes(args)
+    workdir = _workdir(args)
     if (start.init == "inherit" and start.inherit_before_lazy and start.inherit_layers is None
             and start.reference is not None and start.start_from is None):
         from saffu.jobs import layers_before_lazy
@@ -235,8 +253,14 @@ def cmd_train(args) -> dict:
                          f"(saved every {train_config.checkpoint_every:,} steps and at the end)")
     show = None if args.quiet else (lambda r: print(f"  step {r['step']:>6,}  dev_loss {r['dev_loss']:.4f}  "
                                                     f"train_loss {r['train_loss']:.4f}  {r['seconds']:.1f} s"))
-    mesh = data_parallel_mesh(args.devices or None) if args.devices != 1 else None
+    mesh = (data_parallel_mesh() if args.num_processes > 1 else
+            data_parallel_mesh(args.devices or None) if args.devices != 1 else None)
     config, params, figures = recipes.train_run(workdir, run, config, params, train_config, mesh, show, not args.quiet)
+    if args.num_processes > 1:        # every process is done with collectives
+        from saffu.engine.distributed import leave
+        leave()
+    if not writer:            # process 0 scores and reports on its own
+        return {}
     if "train_seconds" not in figures:
         _say(args, f"{run} had already finished its {steps:,} steps; nothing to train "
                    f"(use a new --run, or more --steps, to train further)")
@@ -362,14 +386,38 @@ def _lock(args) -> contextlib.AbstractContextManager:
     return exclusive(path if directory else Path(path).parent)
 
 
+def _end_followers(finished: bool) -> None:
+    """Wait for the processes this one started (:func:`_join_processes`); stop them when this
+    process did not finish (they would wait for it in a collective)."""
+    for process in _FOLLOWERS:
+        if not finished:
+            process.terminate()
+        try:
+            code = process.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            code = process.wait()
+        if finished and code:
+            print(f"saffu: warning: process {process.args[-2]} of the job ended with exit status {code}",
+                  file=sys.stderr)
+    _FOLLOWERS.clear()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = argv          # what a local multi-process job's other processes run
     warnings.showwarning = _one_line_warnings(warnings.showwarning)
+    finished = False
     try:
         if args.metrics_json is not None:
             probe_writable(args.metrics_json, "--metrics-json", False)
         with _lock(args):
             metrics = args.run_command(args)
+        finished = True
+        if getattr(args, "num_processes", 1) > 1:   # meet the others where they end (their exit's shutdown)
+            from saffu.engine.distributed import leave
+            leave()
+        _end_followers(True)
         write_metrics(args.metrics_json, metrics)
     except SaffuError as err:
         print(f"saffu: error: {err}", file=sys.stderr)
@@ -388,6 +436,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"saffu: error: cannot write {where}: the disk is full; free space and rerun the same command",
               file=sys.stderr)
         return 2
+    finally:
+        if not finished:
+            _end_followers(False)
     return 0
 
 

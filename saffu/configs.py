@@ -252,6 +252,8 @@ class TrainConfig:
         between: no per-step synchronisation); a non-finite step is reported at the next read.
       compute_dtype: ``"float32"``, or ``"bfloat16"`` for the forward and backward passes
         (the parameters, the optimizer state and the loss stay float32).
+      dropout: the transformer's residual dropout in training steps (on the embedded input and
+        on every block's attention and MLP outputs; 0: none; evaluation never drops).
     """
 
     steps: int = 0
@@ -271,8 +273,11 @@ class TrainConfig:
     on_nonfinite: str = "stop"
     log_every: int = 20
     compute_dtype: str = "float32"
+    dropout: float = 0.0
 
     def __post_init__(self):
+        if not 0.0 <= self.dropout < 1.0:
+            raise SaffuError(f"dropout must be in [0, 1), got {self.dropout}")
         if self.on_nonfinite not in ("stop", "skip"):
             raise SaffuError(f"on_nonfinite must be 'stop' or 'skip', got {self.on_nonfinite!r}")
         if self.compute_dtype not in COMPUTE_DTYPES:
@@ -1010,7 +1015,8 @@ class StartConfig:
         solved explicitly on top of the trained stack, which may grow past the reference's depth
       ffn_from: start the structured transformer from this trained dense transformer run: all of
         its weights, the MLP kernels as their SVD (trained-SVD init; the guide when self-guided)
-      devices: data-parallel over this many local devices (0: all); the batch is split over them
+      devices: data-parallel over this many local devices of one process (0: all); the batch is
+        split over them (for one process per core or per host: --num-processes)
     """
 
     init: str = "random"

@@ -169,7 +169,7 @@ TRANSFORMER = ("width", "layers", "heads", "mlp_ratio", "context_tokens", "max_l
                "guide_share", "output_bias")
 TRANSFORMER_RENAME = {"heads": "--attention-heads", "context_tokens": "--context", "guide_share": "--self-guided"}
 TRAIN = ("steps", "batch_size", "seq_len", "learning_rate", "warmup_steps", "weight_decay", "adam_eps", "eval_every",
-         "checkpoint_every", "seed", "freeze", "thaw_step", "on_nonfinite", "log_every", "compute_dtype")
+         "checkpoint_every", "seed", "freeze", "thaw_step", "on_nonfinite", "log_every", "compute_dtype", "dropout")
 FACTOR = ("mu", "column_power", "oversample", "power_iterations", "seed", "refine_steps", "refine_offsets",
           "refine_learning_rate", "buckets", "holdout_tokens", "chunk_size")
 EXACT = ("groups", "mu", "buckets", "bucket_by", "smoothing", "nested", "holdout_tokens", "chunk_size")
@@ -191,9 +191,12 @@ def add_common(parser) -> None:
 
 def add_process_flags(parser) -> None:
     parser.add_argument("--num-processes", type=int, default=1,
-                        help="processes (hosts) in a multi-process job; each streams its own documents")
+                        help="processes (hosts) in a multi-process job, each with its own share of the documents "
+                             "(statistics) or of every batch (training); without --coordinator, all of them are "
+                             "started on this machine, one per core")
     parser.add_argument("--process-id", type=int, default=0, help="this process's index in [0, num-processes)")
-    parser.add_argument("--coordinator", help="HOST:PORT of process 0 (jax.distributed)")
+    parser.add_argument("--coordinator", help="HOST:PORT of process 0 (jax.distributed); every process runs the "
+                                              "same command with its own --process-id")
 
 
 def add_eval_flags(parser) -> None:
@@ -341,6 +344,7 @@ def _train_flags(p) -> None:
     Train a SAFFU model (or the transformer baseline); a rerun resumes from --run's last checkpoint. Ends
     with an evaluation of about --eval-tokens tokens per split."""
     add_run_flags(p, "run directory (of `saffu fit` for --init explicit)")
+    add_process_flags(p)
     add_config_flags(p, configs.StartConfig, START, extra={
         "init": {"required": True, "default": None}, "explicit_pieces": {"nargs": "+"},
         "residual": {"type": Path, "metavar": "EXACT_RUN"}, **{f: {"type": Path, "metavar": "RUN"} for f in

@@ -1,6 +1,7 @@
 """Multi-process statistics with jax.distributed (2 real local processes, CPU collectives)."""
 
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -103,3 +104,41 @@ def test_data_parallel_training_follows_the_unsharded_trajectory(tiny_workdir, t
     np.testing.assert_allclose([r["dev_loss"] for r in h1], [r["dev_loss"] for r in h4], rtol=1e-5)
     for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p4)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)   # float32 reduction order
+
+
+@pytest.mark.slow   # two local jax.distributed trainings and their resumes: about a minute
+def test_two_processes_train_like_one_and_resume(tiny_workdir, tmp_path):
+    import jax
+
+    from saffu.training.checkpoints import load_params, load_run_config
+    train = ["train", "--workdir", str(tiny_workdir.path), "--init", "random", "--model", "transformer",
+             "--width", "16", "--layers", "1", "--heads", "2", "--context", "4", "--seq-len", "16",
+             "--batch-size", "4", "--eval-every", "2", "--eval-tokens", "0", "--quiet"]
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}   # one device per process, as on a CPU
+    saffu = lambda *argv: subprocess.run([sys.executable, "-m", "saffu", *train, *argv], capture_output=True,
+                                         text=True, timeout=300, env=env)
+    for steps in (4, 6):       # 4 steps, then resumed to 6 from the checkpoint at step 4
+        one = saffu("--steps", str(steps), "--run", str(tmp_path / "one"))
+        two = saffu("--steps", str(steps), "--run", str(tmp_path / "two"), "--num-processes", "2",
+                    "--metrics-json", str(tmp_path / "two.json"))   # process 0 starts process 1 itself
+        assert one.returncode == 0 and two.returncode == 0, one.stderr[-2000:] + two.stderr[-2000:]
+        assert "saffu: warning" not in two.stderr                           # process 1 ended cleanly
+    lines = lambda run: [json.loads(line) for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines("two")] == [r["step"] for r in lines("one")] == [0, 2, 4, 6]   # written once
+    np.testing.assert_allclose([r["dev_loss"] for r in lines("two")], [r["dev_loss"] for r in lines("one")], rtol=1e-5)
+    np.testing.assert_allclose([r["train_loss"] for r in lines("two")[1:]], [r["train_loss"] for r in lines("one")[1:]],
+                               rtol=1e-5)
+    assert json.loads((tmp_path / "two.json").read_text())["steps"] == 6
+    assert not (tmp_path / "two" / "checkpoints" / "6.orbax-checkpoint-tmp").exists()
+    config = load_run_config(tmp_path / "one")      # a one-process run reads the job's checkpoint too
+    a, b = load_params(tmp_path / "one", config)[0], load_params(tmp_path / "two", config)[0]
+    for (path, x), y in zip(jax.tree_util.tree_flatten_with_path(a)[0], jax.tree.leaves(b)):
+        if "key" in jax.tree_util.keystr(path) and "bias" in jax.tree_util.keystr(path):
+            continue     # its gradient is 0 (softmax ignores a shift shared by all keys): Adam moves it by float noise
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-4, atol=1e-5)   # float32 reduction order
+
+
+def test_a_process_of_a_job_needs_its_coordinator(tiny_workdir, tmp_path):
+    from saffu.cli import main
+    assert main(["train", "--workdir", str(tiny_workdir.path), "--run", str(tmp_path / "r"), "--init", "random",
+                 "--num-processes", "2", "--process-id", "1", "--quiet"]) == 2

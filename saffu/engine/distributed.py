@@ -8,13 +8,23 @@ the same totals — bit-identical to one process for the integer counts — and 
 explicit weights. The exact sparse counter (:func:`saffu.ngram.counts.count_rows`) does the
 same with its tables of distinct rows (:func:`merge_rows_over_processes`). On CPU the
 collectives use gloo; on GPU/TPU clusters the platform's own.
+
+Training runs the same way (:func:`saffu.training.trainer.train` with a mesh over every
+process's devices, :func:`global_mesh`): each process builds the same batch, keeps its own rows
+(:func:`put_global`) and computes their gradients, and one all-reduce adds them. On one machine
+:func:`spawn_local` starts the other processes of such a job, each pinned to a core of its own.
 """
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
+
 import jax
 import numpy as np
-from jax.sharding import Mesh
+from jax.sharding import Mesh, Sharding
 
 from saffu._io import SaffuError
 from saffu.data.tokenizer import EOD_ID
@@ -33,6 +43,74 @@ def initialize(coordinator: str, num_processes: int, process_id: int) -> None:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
                                process_id=process_id)
+
+
+def spawn_local(argv: list[str], num_processes: int) -> tuple[str, list[subprocess.Popen]]:
+    """Start processes ``1 … num_processes − 1`` of a job on this machine, each running
+    ``python -m saffu <argv> --coordinator C --process-id i --quiet`` (their standard output
+    discarded: process 0 reports), and pin this process (process 0; call before any JAX work)
+    and each of them to one core of their own when there are enough cores (one process per core
+    is what runs a CPU at its speed: one process's XLA threads leave a second core half idle).
+
+    Returns ``(coordinator "127.0.0.1:PORT", the started processes)``."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    coordinator = f"127.0.0.1:{port}"
+    cores = sorted(os.sched_getaffinity(0))
+    pin = len(cores) >= num_processes
+    started = []
+    for process_id in range(1, num_processes):
+        core = {cores[process_id]} if pin else None
+        started.append(subprocess.Popen(
+            [sys.executable, "-m", "saffu", *argv, "--coordinator", coordinator, "--process-id", str(process_id),
+             "--quiet"], stdout=subprocess.DEVNULL,
+            preexec_fn=(lambda core=core: os.sched_setaffinity(0, core)) if pin else None))
+    if pin:
+        os.sched_setaffinity(0, {cores[0]})
+    return coordinator, started
+
+
+def is_writer() -> bool:
+    """Whether this process writes a job's files (process 0; the only one of a one-process job)."""
+    return jax.process_index() == 0
+
+
+def global_mesh(axis_name: str = "data") -> Mesh:
+    """A 1-D mesh named ``axis_name`` over every device of every process (process by process)."""
+    return Mesh(np.asarray(jax.devices()), (axis_name,))
+
+
+def put_global(tree, sharding: Sharding):
+    """Every array of ``tree`` (the same full value on every process) as one array of
+    ``sharding``, which may span several processes: each process places only its own part
+    (``jax.make_array_from_callback``; ``jax.device_put`` within one process)."""
+    if jax.process_count() == 1:
+        return jax.device_put(tree, sharding)
+    return jax.tree.map(lambda x: jax.make_array_from_callback(np.shape(x), sharding,
+                                                               lambda index: np.asarray(x)[index]), tree)
+
+
+def local_copy(tree):
+    """Every array of ``tree`` as this process's own copy on one of its devices: a replicated
+    array of a multi-process job becomes an array jit can use without the other processes."""
+    if jax.process_count() == 1:
+        return tree
+    return jax.tree.map(lambda x: x.addressable_data(0) if isinstance(x, jax.Array) else x, tree)
+
+
+def leave() -> None:
+    """End this process's part in a multi-process job (``jax.distributed.shutdown``: every
+    process waits there for the others). Call it where all of them are done with collectives;
+    afterwards each process computes on its own devices only, e.g. process 0 scoring a model
+    while the others exit (were they to exit first, their shutdown would wait for it)."""
+    global _LEFT
+    if jax.process_count() > 1 and not _LEFT:
+        jax.distributed.shutdown()
+        _LEFT = True
+
+
+_LEFT = False
 
 
 def document_shard(stream: np.ndarray, process_id: int, num_processes: int, begin: int, end: int) -> tuple[int, int]:

@@ -215,16 +215,21 @@ def target_nll(params: Params, config, windows: jax.Array, mask: jax.Array, cont
     return (jax.nn.logsumexp(logits, axis=-1) - picked) * mask
 
 
-def target_loss(params: Params, config, windows: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+def target_loss(params: Params, config, windows: jax.Array, mask: jax.Array,
+                dropout: transformer.Dropout | None = None) -> tuple[jax.Array, jax.Array]:
     """Summed NLL (nats, ``float32[]``) and target count (``int32[]``) of :func:`target_nll`'s
     windows ``int32[B, R + T]`` with ``mask bool[B, T]``: :func:`window_loss`'s values, for training and scoring.
 
     A transformer's output layer and cross-entropy run fused, chunk by chunk
     (:func:`saffu.models.fused_loss.linear_nll_sum`: no ``B × T × V`` logits; under
-    differentiation the gradient comes with the loss); the values are the same up to float32 rounding."""
+    differentiation the gradient comes with the loss); the values are the same up to float32
+    rounding. ``dropout``: a training step's residual dropout (the transformer only)."""
+    if dropout is not None and _kind(config) != "transformer":
+        raise SaffuError(f"dropout is a transformer's; a {_kind(config)} model trains without it (--dropout 0)")
     if _kind(config) == "transformer":
         context = config.context
-        h = transformer.transformer_features(params, config, windows[:, :-1], predict_from=context - 1)
+        h = transformer.transformer_features(params, config, windows[:, :-1], predict_from=context - 1,
+                                             dropout=dropout)
         output = params["output"]
         kernel = output["kernel"]
         bias = output.get("bias", jnp.zeros(kernel.shape[1], kernel.dtype))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -101,6 +102,28 @@ def _attention_bwd(residuals, d_out):
 _softmax_attention.defvjp(_attention_fwd, _attention_bwd)
 
 
+class Dropout(NamedTuple):
+    """Residual dropout of one training step: each element is zeroed with probability ``rate``
+    and the rest scaled by ``1 / (1 − rate)`` (inverted dropout: nothing changes at evaluation).
+
+    Attributes:
+      rate: the drop probability, in ``(0, 1)`` (a Python float: a rate of 0 is no ``Dropout``).
+      key: this step's PRNG key; :meth:`at` derives one per layer, :meth:`apply` one per use.
+    """
+
+    rate: float
+    key: jax.Array
+
+    def at(self, layer: int) -> Dropout:
+        """The dropout of layer ``layer`` (0: the embedded input; ``i + 1``: block ``i``)."""
+        return Dropout(self.rate, jax.random.fold_in(self.key, layer))
+
+    def apply(self, x: jax.Array, use: int) -> jax.Array:
+        """``x`` (any shape) with dropout, the mask drawn from use ``use`` of this layer's key."""
+        keep = jax.random.bernoulli(jax.random.fold_in(self.key, use), 1.0 - self.rate, x.shape)
+        return jnp.where(keep, x * (1.0 / (1.0 - self.rate)), jnp.zeros((), x.dtype)).astype(x.dtype)
+
+
 class Block(nnx.Module):
     """Pre-norm block: ``x + attn(LN(x))``, then ``x + MLP(LN(x))``; the MLP's two layers dense
     or structured (:mod:`saffu.models.structured`, ``config.ffn``)."""
@@ -114,13 +137,17 @@ class Block(nnx.Module):
         self.mlp_out = _mlp_layer(config, config.mlp_ratio * d, d, rngs)
 
     def __call__(self, x: jax.Array, mask: jax.Array, sow_weights: bool = False,
-                 alpha: jax.Array | None = None) -> jax.Array:
+                 alpha: jax.Array | None = None, dropout: Dropout | None = None) -> jax.Array:
+        """``dropout``: drop the attention's and the MLP's outputs before each joins the residual
+        stream (training only)."""
+        drop = (lambda y, i: y) if dropout is None else (lambda y, i: dropout.apply(y, i))
         h = self.attention_norm(x)
         # flax's own call keeps the attention weights; the faster one computes the same
-        x = x + (self.attention(h, mask=mask, sow_weights=True) if sow_weights else self_attention(self.attention, h, mask))
+        x = x + drop(self.attention(h, mask=mask, sow_weights=True) if sow_weights
+                     else self_attention(self.attention, h, mask), 0)
         guide = () if alpha is None else (alpha,)     # none: dense, structured, or the guide is gone
         h = self.mlp_norm(x).reshape(-1, x.shape[-1])                                     # [B·S, d]
-        return x + self.mlp_out(jax.nn.gelu(self.mlp_in(h, *guide)), *guide).reshape(x.shape)
+        return x + drop(self.mlp_out(jax.nn.gelu(self.mlp_in(h, *guide)), *guide).reshape(x.shape), 1)
 
 
 class Transformer(nnx.Module):
@@ -144,9 +171,11 @@ class Transformer(nnx.Module):
         return self.output(self.features(tokens, sow_weights, alpha, positions, predict_from))
 
     def features(self, tokens: jax.Array, sow_weights: bool = False, alpha: jax.Array | None = None,
-                 positions: jax.Array | None = None, predict_from: int = 0) -> jax.Array:
+                 positions: jax.Array | None = None, predict_from: int = 0,
+                 dropout: Dropout | None = None) -> jax.Array:
         """What the output layer reads: the final norm's ``float[B, S − predict_from, d]``
-        (:meth:`__call__`'s arguments)."""
+        (:meth:`__call__`'s arguments; ``dropout``: training's residual dropout, on the embedded
+        input and on every block's two branches)."""
         length = tokens.shape[1]
         if positions is None and length > self.config.max_len:
             raise SaffuError(f"window of {length} tokens is longer than the transformer's max_len "
@@ -157,8 +186,10 @@ class Transformer(nnx.Module):
         x = jnp.take(self.embed.embedding[...], tokens, axis=0) + (table[None, :length] if positions is None
                                                                    else table[positions])
         mask = document_causal_mask(tokens)
-        for block in self.blocks:
-            x = block(x, mask, sow_weights, alpha)
+        if dropout is not None:
+            x = dropout.at(0).apply(x, 0)
+        for index, block in enumerate(self.blocks):
+            x = block(x, mask, sow_weights, alpha, None if dropout is None else dropout.at(index + 1))
         return self.final_norm(x[:, predict_from:])
 
 
@@ -201,12 +232,14 @@ def transformer_logits(params: Params, config: TransformerConfig, tokens: jax.Ar
 
 
 def transformer_features(params: Params, config: TransformerConfig, tokens: jax.Array,
-                         positions: jax.Array | None = None, predict_from: int = 0) -> jax.Array:
+                         positions: jax.Array | None = None, predict_from: int = 0,
+                         dropout: Dropout | None = None) -> jax.Array:
     """What the output layer reads, ``float[B, S − predict_from, d]`` (the final norm's output):
     :func:`transformer_logits` is ``features @ params["output"]["kernel"] (+ bias)``. Same
-    arguments as :func:`transformer_logits`."""
+    arguments as :func:`transformer_logits`, and training's ``dropout`` (:class:`Dropout`)."""
     params, alpha = _split_guide(params, config)
-    return _module(params, config).features(tokens, alpha=alpha, positions=positions, predict_from=predict_from)
+    return _module(params, config).features(tokens, alpha=alpha, positions=positions, predict_from=predict_from,
+                                            dropout=dropout)
 
 
 def _split_guide(params: Params, config: TransformerConfig) -> tuple[Params, jax.Array | None]:

@@ -44,6 +44,7 @@ from saffu._io import (
 )
 from saffu.configs import Params, SaffuConfig
 from saffu.data.workdir import WorkDir
+from saffu.engine.distributed import put_global
 from saffu.models.interface import config_from_dict, model_init, trainable
 
 
@@ -63,7 +64,17 @@ def _orbax_failures_unlogged():
 def checkpoint_manager(directory: Path) -> ocp.CheckpointManager:
     """The orbax manager of ``run_dir/checkpoints``: synchronous saves, the latest two kept."""
     return ocp.CheckpointManager(directory.resolve(), options=ocp.CheckpointManagerOptions(
-        max_to_keep=2, create=True, enable_async_checkpointing=False))
+        max_to_keep=2, create=True, enable_async_checkpointing=False), item_handlers=ocp.StandardCheckpointHandler())
+
+
+def restore_here(manager: ocp.CheckpointManager, step: int) -> dict:
+    """Checkpoint ``step`` of ``manager`` whole, every array on this process's first device,
+    whatever saved it: one process, or a multi-process job (orbax restores an array to the
+    devices that saved it unless told where, and refuses a topology it does not have)."""
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    tree = manager.item_metadata(step)
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), getattr(tree, "tree", tree))
+    return manager.restore(step, args=ocp.args.StandardRestore(abstract))
 
 
 def save_run_config(run_dir: str | Path, config: SaffuConfig, workdir: WorkDir, **record) -> None:
@@ -316,8 +327,16 @@ def load_params(run_dir: str | Path, config, which: str = "latest") -> tuple[Par
 def save_training_state(manager: ocp.CheckpointManager, step: int, params: Params, opt_state) -> None:
     """Checkpoint ``{"step", "params", "opt_state"}`` as step ``step`` (synchronously)."""
     with _orbax_failures_unlogged():
-        manager.save(step, args=ocp.args.StandardSave({"step": jnp.asarray(step, jnp.int32), "params": params,
+        manager.save(step, args=ocp.args.StandardSave({"step": _step_array(step, params), "params": params,
                                                       "opt_state": opt_state}))
+
+
+def _step_array(step: int, params: Params) -> jax.Array:
+    """``int32[]`` ``step``, placed like the parameters (a multi-process job's checkpoint holds
+    arrays of its global mesh only)."""
+    if jax.process_count() == 1:
+        return jnp.asarray(step, jnp.int32)
+    return put_global(np.asarray(step, np.int32), jax.tree.leaves(params)[0].sharding)
 
 
 def restore_training_state(manager: ocp.CheckpointManager, run_dir: Path, params: Params, opt_state,
@@ -330,7 +349,7 @@ def restore_training_state(manager: ocp.CheckpointManager, run_dir: Path, params
     """
     if manager.latest_step() is None:
         return 0, params, opt_state, 0.0
-    state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": opt_state}
+    state = {"step": _step_array(0, params), "params": params, "opt_state": opt_state}
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
     try:
         state = manager.restore(manager.latest_step(), args=ocp.args.StandardRestore(abstract))
@@ -342,7 +361,8 @@ def restore_training_state(manager: ocp.CheckpointManager, run_dir: Path, params
     step = int(state["step"])
     lines = metrics_path.read_text().splitlines() if metrics_path.exists() else []
     kept = [line for line in lines if json.loads(line)["step"] <= step]
-    metrics_path.write_text("".join(line + "\n" for line in kept))
+    if jax.process_index() == 0:       # a multi-process job's process 0 alone writes the metrics
+        metrics_path.write_text("".join(line + "\n" for line in kept))
     seconds = json.loads(kept[-1])["seconds"] if kept else 0.0
     return step, state["params"], state["opt_state"], seconds
 
@@ -369,7 +389,7 @@ def load_latest_params(run_dir: str | Path, template: Params) -> tuple[Params, i
     if step is None:
         return None
     try:
-        state = manager.restore(step, args=ocp.args.StandardRestore())
+        state = restore_here(manager, step)
         return retype(state["params"], template), step
     except Exception as err:  # orbax raises several types for unreadable / mismatched trees
         raise SaffuError(f"cannot read the checkpoint of step {step} in {directory} ({type(err).__name__}: "

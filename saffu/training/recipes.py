@@ -184,6 +184,8 @@ def start_run(run: str | Path, config, workdir: WorkDir) -> None:
         if load_run_config(run) != config:
             raise SaffuError(f"{run} holds a different model than this one; use a new --run")
         return
+    if jax.process_index() != 0:       # a multi-process job's process 0 alone writes the run's files
+        return
     run.mkdir(parents=True, exist_ok=True)
     save_run_config(run, config, workdir)
 

@@ -16,6 +16,7 @@ master weights.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import jax
+import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -35,8 +37,9 @@ from saffu.configs import TrainConfig
 from saffu.data.folds import fold_window_starts
 from saffu.data.windows import evenly_spaced_windows, shuffled_window_starts, stack_windows
 from saffu.engine import accounting
-from saffu.engine.distributed import local_mesh
+from saffu.engine.distributed import global_mesh, is_writer, local_copy, local_mesh, put_global, sum_over_processes
 from saffu.models.interface import Params, target_loss
+from saffu.models.transformer import Dropout
 from saffu.training.checkpoints import (
     checkpoint_manager,
     remove_failed_save,
@@ -150,7 +153,13 @@ def _permuted(values: np.ndarray, key: jax.Array) -> np.ndarray:
 
 
 def data_parallel_mesh(num_devices: int | None = None) -> Mesh:
-    """A 1-D ``("data",)`` mesh over the first ``num_devices`` local devices (all by default)."""
+    """A 1-D ``("data",)`` mesh over the first ``num_devices`` local devices (all by default);
+    in a multi-process job (:func:`saffu.engine.distributed.initialize`) over every device of
+    every process (``num_devices`` must then be None)."""
+    if jax.process_count() > 1:
+        if num_devices is not None:
+            raise SaffuError("a multi-process job trains over every device of every process; drop --devices")
+        return global_mesh("data")
     return local_mesh(num_devices, axis_name="data")
 
 
@@ -196,6 +205,9 @@ def make_train_step(model: Model, optimizer: optax.GradientTransformation, confi
     ``fixed`` holds the model's ``fixed_params`` (inputs: neither differentiated nor updated,
     and never cast to the compute dtype); ``params`` the trained rest.
 
+    ``config.dropout`` drops the transformer's residual branches with masks drawn from
+    ``(seed, step)`` (and the device's index under a mesh), so a resumed run draws the same ones.
+
     The loss is the mean NLL of the batch's targets, computed as scoring computes it
     (:func:`saffu.models.interface.target_loss`: the output layer only where a target is scored,
     ``logsumexp − logit`` instead of a ``V``-wide log-softmax array). A step whose loss or gradients are not
@@ -209,31 +221,43 @@ def make_train_step(model: Model, optimizer: optax.GradientTransformation, confi
     one device, up to the order of float32 sums.
     """
     compute = jnp.dtype(config.compute_dtype)
+    dropout_key = jax.random.fold_in(jax.random.key(config.seed), 2)     # 0: init, 1: data order
 
-    def nll_fn(p, windows, mask, fixed):
+    def nll_fn(p, windows, mask, fixed, key):
         if compute != jnp.float32:
             p = jax.tree.map(lambda x: x.astype(compute) if jnp.issubdtype(x.dtype, jnp.floating) else x, p)
-        nll, count = target_loss({**p, **fixed}, model, windows, mask)
+        dropout = Dropout(config.dropout, key) if config.dropout else None
+        nll, count = target_loss({**p, **fixed}, model, windows, mask, dropout)
         return nll.astype(jnp.float32), count
 
-    def sums(p, windows, mask, fixed):
+    def sums(p, windows, mask, fixed, key):
         """``(summed NLL, target count, gradients of the summed NLL)`` of these windows."""
-        (nll, count), grads = jax.value_and_grad(nll_fn, has_aux=True)(p, windows, mask, fixed)
+        (nll, count), grads = jax.value_and_grad(nll_fn, has_aux=True)(p, windows, mask, fixed, key)
         return nll, count, grads
 
     if mesh is not None:
         local, replicated, split = sums, PartitionSpec(), PartitionSpec("data")
-        sums = jax.shard_map(lambda *args: jax.lax.psum(local(*args), "data"), mesh=mesh,
-                             in_specs=(replicated, split, split, replicated), out_specs=replicated,
-                             check_vma=False)
 
-    def loss_and_grads(p, windows, mask, fixed):
-        nll, count, grads = sums(p, windows, mask, fixed)
+        def reduced(p, windows, mask, fixed, key):
+            """One all-reduce of one flat vector (NLL, count, every gradient): a collective per
+            leaf costs its latency (milliseconds across processes) dozens of times a step. Each
+            device draws its own dropout masks."""
+            nll, count, grads = local(p, windows, mask, fixed, jax.random.fold_in(key, jax.lax.axis_index("data")))
+            flat, unravel = jax.flatten_util.ravel_pytree(grads)
+            total = jax.lax.psum(jnp.concatenate([nll[None].astype(flat.dtype), count[None].astype(flat.dtype),
+                                                  flat]), "data")
+            return total[0], total[1].astype(count.dtype), unravel(total[2:])
+
+        sums = jax.shard_map(reduced, mesh=mesh, in_specs=(replicated, split, split, replicated, replicated),
+                             out_specs=replicated, check_vma=False)
+
+    def loss_and_grads(p, windows, mask, fixed, key):
+        nll, count, grads = sums(p, windows, mask, fixed, key)
         scale = 1.0 / jnp.maximum(count, 1).astype(jnp.float32)
         return nll * scale, jax.tree.map(lambda g: g * scale.astype(g.dtype), grads)
 
     def step_fn(p, opt_state, stats: StepStats, step, windows, mask, fixed):
-        loss, grads = loss_and_grads(p, windows, mask, fixed)
+        loss, grads = loss_and_grads(p, windows, mask, fixed, jax.random.fold_in(dropout_key, step))
         updates, new_opt_state = optimizer.update(grads, opt_state, p)
         updates = jax.tree.map(lambda u, keep: jnp.where(keep, u, 0.0), updates,
                                _trainable_mask(config, updates, step))
@@ -254,7 +278,9 @@ class DevLoss:
     ``DEV_BATCH`` windows per call (the logits of all of them at once would dominate peak
     memory: 256 × 256 × V floats; on CPU small calls are also faster per token) with
     :func:`saffu.models.interface.target_loss` (:func:`window_loss`'s values at a forward
-    pass's cost); the parameters are a jit argument, so one compilation serves every evaluation."""
+    pass's cost); the parameters are a jit argument, so one compilation serves every evaluation.
+    In a multi-process job each process scores every ``P``-th call's windows on its own copy of
+    the parameters and the sums are added over processes."""
 
     #: Windows per call.
     DEV_BATCH = 2
@@ -270,9 +296,13 @@ class DevLoss:
         self._loss = jax.jit(lambda p, w, m: target_loss(p, model, w, m))
 
     def __call__(self, params: Params) -> float:
-        totals = [self._loss(params, self.windows[i:i + self.size], self.mask[i:i + self.size])
-                  for i in range(0, len(self.windows), self.size)]
-        return sum(float(nll) for nll, _ in totals) / sum(float(count) for _, count in totals)
+        params, share = local_copy(params), range(jax.process_index() * self.size, len(self.windows),
+                                                  jax.process_count() * self.size)
+        totals = [self._loss(params, self.windows[i:i + self.size], self.mask[i:i + self.size]) for i in share]
+        nll, count = (sum(float(nll) for nll, _ in totals), sum(float(count) for _, count in totals))
+        if jax.process_count() > 1:
+            nll, count = (float(x) for x in sum_over_processes(np.asarray([nll, count], np.float32)))
+        return nll / count
 
 
 class _Meter:
@@ -374,15 +404,23 @@ def train(model: Model, params: Params, train_stream: np.ndarray, config: TrainC
     (the dense guide once ``α`` reaches 0) runs a step without that computation, and ``flops`` /
     ``xla_flops`` add up each step's own count.
 
-    Returns the final parameters and the evaluation history of this call.
+    A mesh over the devices of several processes (a multi-process job,
+    :func:`saffu.engine.distributed.initialize`; :func:`data_parallel_mesh` gives it) trains
+    the same way: every process runs this call with the same arguments, builds the same batch
+    and places its own rows; process 0 alone holds the run's lock, writes ``metrics.jsonl``, shows
+    progress and calls ``on_eval``; the checkpoints are written together (orbax).
+
+    Returns the final parameters (this process's own copy) and the evaluation history of this call.
     """
-    with exclusive(run_dir):
-        return _train(model, params, train_stream, config, Path(run_dir), dev_stream, on_eval, progress, mesh)
+    with exclusive(run_dir) if is_writer() else contextlib.nullcontext():
+        return _train(model, params, train_stream, config, Path(run_dir), dev_stream, on_eval,
+                      progress and is_writer(), mesh)
 
 
 def _train(model, params, train_stream, config, run_dir: Path, dev_stream, on_eval, progress, mesh):
     """:func:`train` while holding ``run_dir``'s write lock."""
-    remove_stale_temporaries(run_dir)      # a killed save's folders: no other writer is running
+    if is_writer():
+        remove_stale_temporaries(run_dir)  # a killed save's folders: no other writer is running
     steps = run_steps(train_stream, config)
     optimizer = make_optimizer(config, steps)
     schedule = BatchSchedule(train_stream, model, config)
@@ -391,27 +429,27 @@ def _train(model, params, train_stream, config, run_dir: Path, dev_stream, on_ev
     fixed = {name: value for name, value in params.items() if name in names}
     params = jax.tree.map(jnp.array, {name: value for name, value in params.items() if name not in names})  # a
     # copy: the step donates its input
-    manager = checkpoint_manager(run_dir / "checkpoints")
-    metrics_path = run_dir / "metrics.jsonl"
-    start, params, opt_state, seconds = restore_training_state(manager, run_dir, params, optimizer.init(params),
-                                                               metrics_path)
-    checkpoint_bytes = tree_bytes(params) + tree_bytes(opt_state)
-    _check_room(run_dir, manager, checkpoint_bytes, start, steps, config)
-    if mesh is not None:
+    opt_state = optimizer.init(params)
+    if mesh is not None:      # placed before restoring, so the restored arrays come with the mesh's sharding
         if config.batch_size % mesh.devices.size:
             raise SaffuError(f"--batch-size {config.batch_size} must be a multiple of the {mesh.devices.size} devices")
         replicated, split = NamedSharding(mesh, PartitionSpec()), NamedSharding(mesh, PartitionSpec("data"))
-        params, opt_state, fixed = jax.device_put((params, opt_state, fixed), replicated)
-        put_batch = lambda batch: jax.device_put(batch, split)
+        params, opt_state, fixed = put_global((params, opt_state, fixed), replicated)
+        put_batch = lambda batch: put_global(batch, split)
     else:
         put_batch = jax.device_put
+    manager = checkpoint_manager(run_dir / "checkpoints")
+    metrics_path = run_dir / "metrics.jsonl"
+    start, params, opt_state, seconds = restore_training_state(manager, run_dir, params, opt_state, metrics_path)
+    checkpoint_bytes = tree_bytes(params) + tree_bytes(opt_state)
+    _check_room(run_dir, manager, checkpoint_bytes, start, steps, config)
 
     # a model's per-step inputs (e.g. self-guided training's α) join ``fixed``; each set of their
     # names is one phase with its own compiled step (compiled ahead of time: XLA's FLOP count of
     # one step comes with the compilation)
     step_inputs = getattr(model, "step_inputs", lambda step, steps: {})
     eval_inputs = getattr(model, "eval_inputs", step_inputs)      # e.g. no training fold
-    put_inputs = (lambda inputs: jax.device_put(inputs, replicated)) if mesh is not None else (lambda inputs: inputs)
+    put_inputs = (lambda inputs: put_global(inputs, replicated)) if mesh is not None else (lambda inputs: inputs)
     batch = put_batch(schedule(min(start, steps - 1)))
     stats = StepStats.zeros()
     train_step = make_train_step(model, optimizer, config, mesh)
@@ -425,8 +463,9 @@ def _train(model, params, train_stream, config, run_dir: Path, dev_stream, on_ev
         if key not in phases:
             compiled = train_step.lower(params, opt_state, stats, jnp.asarray(step), *batch,
                                         {**fixed, **put_inputs(inputs)}).compile()
+            per_device = accounting.xla_flops(compiled)     # a partitioned program's count is one device's
             phases[key] = (compiled, accounting.training_flops(model, tokens_per_step, config.seq_len, inputs),
-                           accounting.xla_flops(compiled))
+                           None if per_device is None else per_device * (mesh.devices.size if mesh else 1))
         return (*phases[key], inputs)
 
     flops_done, xla_done = 0.0, 0.0
@@ -454,6 +493,8 @@ def _train(model, params, train_stream, config, run_dir: Path, dev_stream, on_ev
                   "dev_loss": dev_loss({**params, **fixed, **put_inputs(eval_inputs(step, steps))}),
                   "skipped_steps": meter.skipped}
         history.append(record)
+        if not is_writer():
+            return
         try:
             with open(metrics_path, "a") as handle:
                 handle.write(json.dumps(record) + "\n")
@@ -491,4 +532,4 @@ def _train(model, params, train_stream, config, run_dir: Path, dev_stream, on_ev
         manager.wait_until_finished()
     finally:               # also when stopped (an error, Ctrl-C): the manager's threads end
         manager.close()
-    return {**params, **fixed}, history
+    return local_copy({**params, **fixed}), history

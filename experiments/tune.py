@@ -1,0 +1,265 @@
+"""One tuning protocol for every start: cold (random init) and the explicit init of the project's
+transformer get the same search on dev, then train at longer budgets at their tuned values.
+
+Protocol (the same for both starts, width 128, 5 layers, V 8,192, 16 × 256 targets a step):
+
+1. ``grid``: the full grid at a quarter epoch: learning rate on a half-decade log grid
+   (1e-3, 3e-3, 1e-2, 3e-2), AdamW weight decay (0, 0.1) and residual dropout (0, 0.1). Each probe's
+   figure is dev bits per byte on about 200,000 tokens of whole dev documents. The best
+   combination may not sit at a grid edge (:func:`saffu.eval.race.choose`; no weight decay and
+   no dropout are floors, not edges): where it does, the grid grows one value beyond that edge
+   and the new combinations are probed, until it does not.
+2. ``budgets``: at each longer budget (1 and 4 epochs by default), the tuned weight decay and
+   dropout with the tuned rate and its ½× and 2× neighbours, each its own run with its own
+   warm-up and cosine schedule, scored on the whole dev split; the best rate of a budget may not
+   sit at an edge of its three either (the budget then grows a rate beyond it).
+
+Every probe and run is one ``saffu train`` command in its own folder (``OUT/runs/NAME``): a
+finished one (its ``result.json`` written) is skipped, an interrupted one resumes from its
+checkpoint. ``--jobs 2`` runs two at once, each pinned to a core of its own. ``--report``
+writes ``results/tuning.json``: the grid, every probe's and run's dev figure, seconds and command,
+and the chosen values per start and budget.
+
+    python experiments/tune.py --workdir runs/babylm --out runs/tune --phase grid --jobs 2
+    python experiments/tune.py --workdir runs/babylm --out runs/tune --phase budgets --epochs 1 4 --jobs 2
+    python experiments/tune.py --out runs/tune --report
+    python experiments/tune.py --workdir runs/quick --out runs/tune-quick --quick    # minutes, a tiny model
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from results import write_result
+from saffu._io import SaffuError
+from saffu.eval.race import choose
+from saffu.flags import DEFAULT_CORPUS
+
+ROOT = Path(__file__).resolve().parents[1]
+#: The starts compared: ``saffu train --init`` of each.
+STARTS = {"cold": "random", "explicit-init": "explicit"}
+#: The quarter-epoch grid.
+GRID = {"learning_rate": [1e-3, 3e-3, 1e-2, 3e-2], "weight_decay": [0.0, 0.1], "dropout": [0.0, 0.1]}
+#: How a grid grows beyond an edge: the next value above (below) the largest (smallest).
+GROW = {"learning_rate": (lambda v: round(v * 10 ** 0.5, 12), lambda v: round(v / 10 ** 0.5, 12)),
+        "weight_decay": (lambda v: round(v * 3, 12), None), "dropout": (lambda v: round(v + 0.1, 12), None)}
+FLAGS = {"learning_rate": "--learning-rate", "weight_decay": "--weight-decay", "dropout": "--dropout"}
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workdir", type=Path, default=ROOT / "runs" / "babylm", help="a prepared work directory")
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "tune", help="where the runs go")
+    parser.add_argument("--phase", choices=["grid", "budgets"], help="what to run (then --report to gather)")
+    parser.add_argument("--starts", nargs="+", choices=list(STARTS), default=list(STARTS))
+    parser.add_argument("--epochs", nargs="+", type=float, default=[1, 4], help="the budgets phase's budgets")
+    parser.add_argument("--share", type=float, default=0.25, help="the grid's budget, in epochs")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at once, one per core")
+    parser.add_argument("--report", action="store_true", help="write results/tuning.json from the finished runs")
+    parser.add_argument("--quick", action="store_true", help="a tiny model on the embedded corpus (a check)")
+    return parser.parse_args(argv)
+
+
+def model_flags(quick: bool) -> list[str]:
+    small = ["--width", "16", "--layers", "1", "--heads", "2", "--context", "8", "--seq-len", "32",
+             "--batch-size", "4"]
+    return ["--model", "transformer", *(small if quick else [])]
+
+
+def steps_per_epoch(workdir: Path, quick: bool) -> int:
+    meta = json.loads((workdir / "meta.json").read_text())
+    targets = meta["splits"][meta.get("train_split", "train_10M")]["tokens"] - 1
+    return max(targets // ((4 * 32) if quick else (16 * 256)), 1)
+
+
+def name_of(start: str, values: dict, epochs: float) -> str:
+    parts = "_".join(f"{key[:2]}{values[key]:g}" for key in GRID)
+    return f"{start}/{epochs:g}ep_{parts}"
+
+
+def command(args, start: str, values: dict, epochs: float, run: Path) -> list[str]:
+    steps = max(round(epochs * steps_per_epoch(args.workdir, args.quick)), 1)
+    whole = epochs >= 1 and not args.quick          # budgets: the whole dev split; probes: about 200,000 tokens
+    return [sys.executable, "-m", "saffu", "train", "--workdir", str(args.workdir), "--run", str(run),
+            "--init", STARTS[start], *model_flags(args.quick), "--steps", str(steps),
+            "--eval-every", str(max(steps // 8, 1) if whole else steps), "--checkpoint-every", str(max(steps // 4, 1)),
+            *[x for key, flag in FLAGS.items() for x in (flag, f"{values[key]:g}")],
+            "--eval-tokens", "0" if whole else "200000", "--metrics-json", str(run / "result.json"), "--quiet"]
+
+
+def run_all(args, wanted: list[tuple[str, dict, float]]) -> dict[str, dict]:
+    """Run every ``(start, values, epochs)`` not finished yet, ``--jobs`` at a time (each pinned to
+    its own core); returns ``{name: result}`` of all of them."""
+    cores = sorted(os.sched_getaffinity(0))
+    pending = [w for w in wanted if not (args.out / "runs" / name_of(*w) / "result.json").exists()]
+    running: dict[int, tuple[subprocess.Popen, str, float]] = {}
+    print(f"{len(wanted) - len(pending)} of {len(wanted)} finished already; {len(pending)} to run", flush=True)
+    while pending or running:
+        for slot in range(args.jobs):
+            if slot not in running and pending:
+                start, values, epochs = pending.pop(0)
+                name = name_of(start, values, epochs)
+                run = args.out / "runs" / name
+                run.mkdir(parents=True, exist_ok=True)
+                line = command(args, start, values, epochs, run)
+                (run / "command.txt").write_text(shlex.join(line) + "\n")
+                pin = ["taskset", "-c", str(cores[slot % len(cores)])] if args.jobs > 1 else []
+                with open(run / "log.txt", "a") as log:
+                    running[slot] = (subprocess.Popen(pin + line, stdout=log, stderr=subprocess.STDOUT), name,
+                                     time.time())
+        time.sleep(2)
+        for slot, (process, name, began) in list(running.items()):
+            if process.poll() is None:
+                continue
+            del running[slot]
+            if process.returncode:
+                raise SystemExit(f"{name} failed (exit {process.returncode}); see {args.out / 'runs' / name / 'log.txt'}")
+            result = json.loads((args.out / "runs" / name / "result.json").read_text())
+            print(f"{name}: dev {result['dev_bpb']:.4f} bits/byte ({time.time() - began:,.0f} s)", flush=True)
+    return {name_of(*w): load(args.out, name_of(*w)) for w in wanted}
+
+
+def load(out: Path, name: str) -> dict:
+    return json.loads((out / "runs" / name / "result.json").read_text())
+
+
+def grown(grid: dict, error: SaffuError) -> dict | None:
+    """``grid`` grown one value beyond the edge ``error`` (from :func:`choose`) names, or None."""
+    text = str(error)
+    for name, (up, down) in GROW.items():
+        if f"best {name} " in text:
+            values = sorted(grid[name])
+            if "largest" in text:
+                return {**grid, name: values + [up(values[-1])]}
+            if down is not None:
+                return {**grid, name: [down(values[0])] + values}
+    return None
+
+
+def combos(grid: dict) -> list[dict]:
+    out = [{}]
+    for name, values in grid.items():
+        out = [{**c, name: v} for c in out for v in values]
+    return out
+
+
+def tuned_grid(args, start: str, run: bool) -> tuple[dict, dict | None, list]:
+    """``(grid, chosen values or None, probes)`` of ``start``'s quarter-epoch search; with
+    ``run``, probes what is missing, growing the grid past an edge until the choice holds."""
+    grid = dict(GRID)
+    while True:
+        wanted = [(start, values, args.share) for values in combos(grid)]
+        if run:
+            run_all(args, wanted)
+        done = [(v, load(args.out, name_of(start, v, args.share))["dev_bpb"]) for _, v, _ in wanted
+                if (args.out / "runs" / name_of(start, v, args.share) / "result.json").exists()]
+        try:
+            return grid, choose(grid, done), done
+        except SaffuError as error:
+            bigger = grown(grid, error)
+            if bigger is None or not run or len(bigger["learning_rate"]) > 7:
+                print(f"{start}: {error}")
+                return grid, None, done
+            print(f"{start}: {error}: growing the grid", flush=True)
+            grid = bigger
+
+
+def budget_rates(args, start: str, chosen: dict, epochs: float, run: bool) -> tuple[list, dict | None, list]:
+    """``(rates, chosen values or None, runs)`` of ``start`` at ``epochs``: the tuned rate and its
+    ½× and 2× neighbours (grown past an edge while running)."""
+    rates = sorted({round(chosen["learning_rate"] * f, 12) for f in (0.5, 1.0, 2.0)})
+    while True:
+        wanted = [(start, {**chosen, "learning_rate": r}, epochs) for r in rates]
+        if run:
+            run_all(args, wanted)
+        done = [(v, load(args.out, name_of(start, v, epochs))["dev_bpb"]) for _, v, _ in wanted
+                if (args.out / "runs" / name_of(start, v, epochs) / "result.json").exists()]
+        try:
+            best = choose({"learning_rate": rates, "weight_decay": [chosen["weight_decay"]],
+                           "dropout": [chosen["dropout"]]}, done)
+            return rates, best, done
+        except SaffuError as error:
+            if not run or "learning_rate" not in str(error) or len(rates) > 5:
+                print(f"{start} at {epochs:g} epochs: {error}")
+                return rates, None, done
+            rates = sorted(rates + [round(rates[-1] * 2, 12) if "largest" in str(error) else round(rates[0] / 2, 12)])
+
+
+def report(args) -> dict:
+    starts = {}
+    for start in args.starts:
+        grid, chosen, probes = tuned_grid(args, start, run=False)
+        budgets = {}
+        if chosen is not None:
+            for epochs in args.epochs:
+                rates, best, runs = budget_rates(args, start, chosen, epochs, run=False)
+                if runs:
+                    budgets[f"{epochs:g}"] = {"rates": rates, "chosen": best, "runs": [_row(args, start, v, epochs)
+                                                                                      for v, _ in runs]}
+        starts[start] = {"grid": grid, "chosen": chosen, "probes": [_row(args, start, v, args.share) for v, _ in probes],
+                         "budgets": budgets}
+    figures = {"protocol": {"grid": GRID, "share_epochs": args.share, "budget_epochs": args.epochs,
+                            "probe_figure": "dev bits per byte on about 200,000 tokens of whole dev documents",
+                            "budget_figure": "dev bits per byte on the whole dev split"},
+               "workdir": str(args.workdir), "starts": starts}
+    path = write_result("tuning", figures, seeds=[0], load={
+        "note": "two runs at a time, one per core (taskset), other work sharing the machine at times; each run's "
+                "seconds are in its row"})
+    print(f"wrote {path}")
+    return figures
+
+
+def _row(args, start: str, values: dict, epochs: float) -> dict:
+    name = name_of(start, values, epochs)
+    result = load(args.out, name)
+    history = [json.loads(line) for line in (args.out / "runs" / name / "metrics.jsonl").read_text().splitlines()]
+    return {"name": name, **values, "epochs": epochs, "dev_bpb": result["dev_bpb"], "dev_loss": result["dev_loss"],
+            "train_loss": history[-1]["train_loss"], "last_dev_window_loss": history[-1]["dev_loss"],
+            "steps": result["steps"], "train_seconds": result.get("train_seconds"),
+            "solve_seconds": result.get("solve_seconds", 0.0), "flops": result.get("flops"),
+            "dev_whole_split": result.get("dev_whole_split"),
+            "command": (args.out / "runs" / name / "command.txt").read_text().strip()}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.quick:
+        args.share, args.epochs = 0.25, [1.0]
+        if not (args.workdir / "meta.json").exists():
+            subprocess.run([sys.executable, "-m", "saffu", "prepare", "--corpus", str(DEFAULT_CORPUS),
+                            "--workdir", str(args.workdir),
+                            "--vocab-size", "512", "--allow-smaller-vocab", "--quiet"], check=True)
+        args.phase = args.phase or "grid"
+    if not args.report and not args.phase:
+        raise SystemExit("give --phase grid, --phase budgets or --report")
+    if args.phase == "grid":      # every start's grid in one queue (no core waits), then each grows past its edges
+        run_all(args, [(start, values, args.share) for start in args.starts for values in combos(GRID)])
+        for start in args.starts:
+            print(f"{start}: {tuned_grid(args, start, run=True)[1]}", flush=True)
+    elif args.phase == "budgets":
+        chosen = {start: tuned_grid(args, start, run=False)[1] for start in args.starts}
+        if None in chosen.values():
+            raise SystemExit("the grid phase has not chosen every start's values yet (--phase grid)")
+        first = [(start, {**values, "learning_rate": round(values["learning_rate"] * f, 12)}, epochs)
+                 for epochs in args.epochs for start, values in chosen.items() for f in (1.0, 0.5, 2.0)]
+        run_all(args, first)
+        for start, values in chosen.items():
+            for epochs in args.epochs:
+                print(f"{start} at {epochs:g} epochs: {budget_rates(args, start, values, epochs, run=True)[1]}",
+                      flush=True)
+    if args.report or args.quick:
+        report(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

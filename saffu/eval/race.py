@@ -1,0 +1,107 @@
+"""A fair race between starts: the tuning record (a grid search whose best value may not sit at
+a grid edge) and the compute multiplier of an explicit start against a tuned cold start's
+loss-vs-compute curve.
+
+A multiplier is ``measured`` only when the explicit run's loss lies inside the cold curve (the
+cold compute that reaches it is interpolated between two cold budgets); outside it, it is a
+``lower_bound`` (cold never got that low: its largest compute over the explicit run's) or an
+``upper_bound`` (cold's smallest budget was already as good).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
+
+from saffu._io import SaffuError
+
+#: Kinds of a multiplier (:func:`multiplier`).
+MEASURED, LOWER_BOUND, UPPER_BOUND = "measured", "lower_bound", "upper_bound"
+
+#: Hyper-parameters whose grid may start at their natural floor (a best value there is not an
+#: edge to extend beyond: no weight decay, no dropout).
+FLOORS = {"weight_decay": 0.0, "dropout": 0.0}
+
+
+class Multiplier(NamedTuple):
+    """An explicit run's compute multiplier against a cold curve.
+
+    Attributes:
+      value: cold's compute to reach the explicit run's loss over the explicit run's compute.
+      kind: :data:`MEASURED`, :data:`LOWER_BOUND` or :data:`UPPER_BOUND`.
+      cold_compute: the cold compute the value divides (interpolated, or the curve's end).
+    """
+
+    value: float
+    kind: str
+    cold_compute: float
+
+
+def running_best(curve: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """``[(compute, loss), …]`` sorted by compute, each loss the best so far (a longer budget
+    that ends worse does not make cold need less compute)."""
+    best: list[tuple[float, float]] = []
+    for compute, loss in sorted(curve):
+        best.append((compute, min(loss, best[-1][1]) if best else loss))
+    return best
+
+
+def multiplier(cold_curve: Sequence[tuple[float, float]], loss: float, compute: float) -> Multiplier:
+    """The multiplier of a run that reached ``loss`` with ``compute`` (FLOPs, its solve
+    included) against ``cold_curve`` ``[(compute, loss), …]`` (one point per cold budget, lower
+    loss better): cold's compute to reach ``loss``, interpolating the loss linearly in
+    ``log(compute)`` between the two budgets around it (on :func:`running_best`), over ``compute``.
+
+    Raises :class:`SaffuError` for an empty curve or a non-positive compute."""
+    if not cold_curve:
+        raise SaffuError("a multiplier needs a cold curve of at least one budget")
+    if compute <= 0 or any(c <= 0 for c, _ in cold_curve):
+        raise SaffuError("computes must be positive")
+    best = running_best(cold_curve)
+    if loss >= best[0][1]:
+        return Multiplier(best[0][0] / compute, UPPER_BOUND, best[0][0])
+    for (c0, y0), (c1, y1) in zip(best, best[1:]):
+        if loss >= y1:            # y0 > loss ≥ y1, so y0 > y1
+            share = (y0 - loss) / (y0 - y1)
+            needed = math.exp(math.log(c0) + share * (math.log(c1) - math.log(c0)))
+            return Multiplier(needed / compute, MEASURED, needed)
+    return Multiplier(best[-1][0] / compute, LOWER_BOUND, best[-1][0])
+
+
+def choose(grid: Mapping[str, Sequence[float]], probes: Sequence[tuple[Mapping[str, float], float]]) -> dict:
+    """The best probe of a full grid search, refused where it sits at a grid edge.
+
+    Args:
+      grid: ``{name: values}`` searched (every combination), e.g. ``{"learning_rate": [1e-3,
+        3e-3, 1e-2, 3e-2], "weight_decay": [0, 0.1], "dropout": [0, 0.1]}``.
+      probes: ``[(values {name: value}, dev loss), …]``, one per combination (lower is better).
+
+    Returns ``{name: best value}``. Raises :class:`SaffuError` when a combination has no probe,
+    or when a best value is the grid's largest or smallest value of its name (a name of
+    :data:`FLOORS` may be best at its floor): the search must extend the grid beyond it first,
+    and the message says where."""
+    names = list(grid)
+    seen = {tuple(float(values[n]) for n in names): loss for values, loss in probes}
+    missing = [combo for combo in _combinations(grid) if combo not in seen]
+    if missing:
+        raise SaffuError(f"{len(missing)} of the grid's combinations have no probe, e.g. "
+                         f"{dict(zip(names, missing[0]))}")
+    best_combo = min((combo for combo in _combinations(grid)), key=lambda combo: seen[combo])
+    best = dict(zip(names, best_combo))
+    for name, value in best.items():
+        values = sorted(float(v) for v in grid[name])
+        if len(values) > 1 and value == values[-1]:
+            raise SaffuError(f"the best {name} ({value:g}) is the grid's largest; extend the grid above it")
+        if len(values) > 1 and value == values[0] and FLOORS.get(name) != value:
+            raise SaffuError(f"the best {name} ({value:g}) is the grid's smallest; extend the grid below it")
+        if len(values) == 1 and FLOORS.get(name) != value:
+            raise SaffuError(f"{name} was searched at one value ({value:g}); a grid needs values around the best")
+    return best
+
+
+def _combinations(grid: Mapping[str, Sequence[float]]) -> list[tuple[float, ...]]:
+    combos: list[tuple[float, ...]] = [()]
+    for values in grid.values():
+        combos = [combo + (float(v),) for combo in combos for v in values]
+    return combos

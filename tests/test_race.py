@@ -1,0 +1,68 @@
+"""The fair race's arithmetic: a multiplier and its kind on hand-made cold curves, and the tuning
+record's refusal of a best value at a grid edge."""
+
+import math
+
+import pytest
+
+from saffu._io import SaffuError
+from saffu.eval.race import LOWER_BOUND, MEASURED, UPPER_BOUND, choose, multiplier, running_best
+
+#: cold at 1, 2, 4, 8 units of compute; its 8-unit budget ends worse than its 4-unit one
+COLD = [(2.0, 1.80), (1.0, 1.90), (4.0, 1.75), (8.0, 1.78)]
+
+
+def test_a_loss_inside_the_cold_curve_is_measured_by_log_interpolation():
+    m = multiplier(COLD, 1.85, 0.5)                     # halfway between 1.90 (1 unit) and 1.80 (2 units)
+    assert m.kind == MEASURED
+    assert m.cold_compute == pytest.approx(math.sqrt(2.0))
+    assert m.value == pytest.approx(math.sqrt(2.0) / 0.5)
+    assert multiplier(COLD, 1.80, 1.0) == (2.0, MEASURED, 2.0)   # exactly on a budget
+
+
+def test_a_loss_below_the_cold_curve_is_a_lower_bound_and_above_it_an_upper_bound():
+    below = multiplier(COLD, 1.70, 1.0)
+    assert below.kind == LOWER_BOUND and below.value == 8.0          # cold's largest compute
+    above = multiplier(COLD, 1.95, 2.0)
+    assert above.kind == UPPER_BOUND and above.value == 0.5          # cold's smallest budget was better
+    # the curve's running best: 8 units (1.78) counts as 1.75, so 1.76 lies inside (2 → 4 units)
+    assert running_best(COLD)[-1] == (8.0, 1.75)
+    assert multiplier(COLD, 1.76, 1.0).kind == MEASURED
+
+
+def test_multiplier_refuses_what_it_cannot_measure():
+    with pytest.raises(SaffuError, match="cold curve"):
+        multiplier([], 1.8, 1.0)
+    with pytest.raises(SaffuError, match="positive"):
+        multiplier(COLD, 1.8, 0.0)
+
+
+GRID = {"learning_rate": [1e-3, 3e-3, 1e-2, 3e-2], "weight_decay": [0.0, 0.1], "dropout": [0.0, 0.1]}
+
+
+def probes(loss):
+    return [({"learning_rate": lr, "weight_decay": wd, "dropout": p}, loss(lr, wd, p))
+            for lr in GRID["learning_rate"] for wd in GRID["weight_decay"] for p in GRID["dropout"]]
+
+
+def test_the_best_inside_the_grid_is_chosen():
+    loss = lambda lr, wd, p: (math.log10(lr) + 2.2) ** 2 + (0.0 if wd == 0.0 else 0.01) + (0.0 if p else 0.02)
+    with pytest.raises(SaffuError, match="best dropout"):   # best at dropout 0.1, the grid's largest
+        choose(GRID, probes(loss))
+    wider = {**GRID, "dropout": [0.0, 0.1, 0.2]}
+    loss2 = lambda lr, wd, p: (math.log10(lr) + 2.2) ** 2 + (0.0 if wd == 0.0 else 0.01) + abs(p - 0.1)
+    chosen = choose(wider, [({"learning_rate": lr, "weight_decay": wd, "dropout": p}, loss2(lr, wd, p))
+                            for lr in GRID["learning_rate"] for wd in GRID["weight_decay"] for p in wider["dropout"]])
+    assert chosen == {"learning_rate": 1e-2, "weight_decay": 0.0, "dropout": 0.1}   # weight decay 0: its floor
+
+
+@pytest.mark.parametrize("best_lr, edge", [(3e-2, "largest"), (1e-3, "smallest")])
+def test_a_best_rate_at_a_grid_edge_is_refused(best_lr, edge):
+    loss = lambda lr, wd, p: abs(math.log10(lr) - math.log10(best_lr)) + wd + p
+    with pytest.raises(SaffuError, match=f"best learning_rate .* grid's {edge}"):
+        choose(GRID, probes(loss))
+
+
+def test_a_grid_with_a_missing_probe_is_refused():
+    with pytest.raises(SaffuError, match="no probe"):
+        choose(GRID, probes(lambda lr, wd, p: lr)[:-1])
