@@ -608,7 +608,52 @@ def mm_shape(f: dict) -> str:
     return f"{rows:,} × {width}] @ [{width} × {vocab:,}"
 
 
-RENDERERS = {"bench_train": bench_train, "bench_bf16": bench_bf16, "bench_scoring": bench_scoring, "bench_stats": bench_stats, "soak": soak, "budgets": budgets, "any_model": any_model, "setup": setup}
+def tuning(record: dict) -> str:
+    f = record["figures"]
+    value = lambda v: "–" if v is None else f"{v:g}"
+    sections = []
+    for start, t in f["starts"].items():
+        chosen = ", ".join(f"{k.replace('_', ' ')} {value(v)}" for k, v in t["chosen"].items()) if t["chosen"] else \
+            "not yet: the grid is incomplete or its best sits at an edge"
+        probes = "\n".join(f"| {p['learning_rate']:g} | {p['weight_decay']:g} | {p['dropout']:g} | {p['dev_bpb']:.4f} | "
+                           f"{p['train_loss']:.3f} | {p['train_seconds']:,.0f} |"
+                           for p in sorted(t["probes"], key=lambda p: (p["learning_rate"], p["weight_decay"], p["dropout"])))
+        budgets = "\n".join(f"| {epochs} | {r['learning_rate']:g} | {r['weight_decay']:g} | {r['dropout']:g} | "
+                             f"{r['dev_bpb']:.4f} | {r['train_loss']:.3f} | {r['last_dev_window_loss']:.3f} | "
+                             f"{r['train_seconds']:,.0f} |" for epochs, b in t["budgets"].items() for r in b["runs"])
+        best = "; ".join(f"{epochs} epochs: rate {value((b['chosen'] or {}).get('learning_rate'))}"
+                         for epochs, b in t["budgets"].items())
+        sections.append(f"""## {start}
+
+Grid at {f['protocol']['share_epochs']:g} epoch: chosen {chosen}.
+
+| learning rate | weight decay | dropout | dev bits/byte | last training loss (nats) | seconds |
+|---:|---:|---:|---:|---:|---:|
+{probes}
+""" + (f"""
+Longer budgets (whole dev split), the chosen weight decay and dropout: {best}.
+
+| epochs | learning rate | weight decay | dropout | dev bits/byte | last training loss (nats) | dev windows (nats) | seconds |
+|---:|---:|---:|---:|---:|---:|---:|---:|
+{budgets}
+""" if budgets else ""))
+    return f"""# One tuning protocol for every start
+
+Generated from [`results/tuning.json`](../../results/tuning.json) by `experiments/render_results.py`.
+
+{provenance(record)}
+
+Every start of the project's transformer (width 128, 5 layers, V 8,192, 16 × 256 targets a step)
+gets the same search: the full grid of learning rate × weight decay × dropout at
+{f['protocol']['share_epochs']:g} epoch, scored on {f['protocol']['probe_figure']}; the best may not sit at a grid
+edge (no weight decay and no dropout are floors, not edges). Then, at each longer budget, the chosen
+weight decay and dropout with the chosen rate and its ½× and 2× neighbours, scored on
+{f['protocol']['budget_figure']}. Each row is one `saffu train` command (in `results/tuning.json`).
+
+""" + "\n".join(sections)
+
+
+RENDERERS = {"tuning": tuning, "bench_train": bench_train, "bench_bf16": bench_bf16, "bench_scoring": bench_scoring, "bench_stats": bench_stats, "soak": soak, "budgets": budgets, "any_model": any_model, "setup": setup}
 
 
 def _load(name: str) -> dict | None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shlex
 import subprocess
@@ -49,8 +50,15 @@ ROOT = Path(__file__).resolve().parents[1]
 STARTS = {"cold": "random", "explicit-init": "explicit"}
 #: The quarter-epoch grid.
 GRID = {"learning_rate": [1e-3, 3e-3, 1e-2, 3e-2], "weight_decay": [0.0, 0.1], "dropout": [0.0, 0.1]}
+def _half_decade(value: float, up: bool) -> float:
+    """The next value of the half-decade grid 1, 3, 10, 30, … × 10^k above (or below) ``value``."""
+    decade = 10.0 ** math.floor(math.log10(value) + 1e-9)
+    steps = [decade * m for m in (0.3, 1, 3, 10, 30)]
+    return round(min(s for s in steps if s > value * 1.01) if up else max(s for s in steps if s < value * 0.99), 12)
+
+
 #: How a grid grows beyond an edge: the next value above (below) the largest (smallest).
-GROW = {"learning_rate": (lambda v: round(v * 10 ** 0.5, 12), lambda v: round(v / 10 ** 0.5, 12)),
+GROW = {"learning_rate": (lambda v: _half_decade(v, True), lambda v: _half_decade(v, False)),
         "weight_decay": (lambda v: round(v * 3, 12), None), "dropout": (lambda v: round(v + 0.1, 12), None)}
 FLAGS = {"learning_rate": "--learning-rate", "weight_decay": "--weight-decay", "dropout": "--dropout"}
 
@@ -111,7 +119,7 @@ def run_all(args, wanted: list[tuple[str, dict, float]]) -> dict[str, dict]:
                 run = args.out / "runs" / name
                 run.mkdir(parents=True, exist_ok=True)
                 line = command(args, start, values, epochs, run)
-                (run / "command.txt").write_text(shlex.join(line) + "\n")
+                (run / "command.txt").write_text(shlex.join(["python", *line[1:]]) + "\n")
                 pin = ["taskset", "-c", str(cores[slot % len(cores)])] if args.jobs > 1 else []
                 with open(run / "log.txt", "a") as log:
                     running[slot] = (subprocess.Popen(pin + line, stdout=log, stderr=subprocess.STDOUT), name,

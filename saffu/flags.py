@@ -485,8 +485,7 @@ COMMAND_FLAGS = {"prepare": _prepare_flags, "stats": _stats_flags, "fit": _fit_f
 OUTPUTS = {"prepare": ("--workdir", "workdir", True), "stats": ("--workdir", "workdir", True),
            "fit": ("--run", "run", True), "exact": ("--run", "run", True), "factorise": ("--run", "run", True),
            "train": ("--run", "run", True), "pack": ("--run", "run", True), "demo": ("--workdir", "workdir", True),
-           "ngram": ("--arpa", "arpa", False), "init-weights": ("--out", "out", False),
-           "export": ("--out", "out", True)}
+           "ngram": ("--arpa", "arpa", False), "init-weights": ("--out", "out", False)}   # export: moved into place
 
 
 def build_parser(commands: dict) -> argparse.ArgumentParser:

@@ -4,6 +4,7 @@ residual for any model, the init file and the Hugging Face export."""
 import dataclasses
 import itertools
 import json
+import os
 
 import jax
 import jax.numpy as jnp
@@ -13,6 +14,7 @@ import pytest
 from saffu import SaffuError
 from saffu.cli import main
 from saffu.configs import ExactConfig, TransformerConfig
+from saffu.data.tokenizer import EOD_ID
 from saffu.interop import (
     ExplicitPieces,
     ExplicitResidual,
@@ -318,6 +320,14 @@ def test_export_refuses_what_gpt2_cannot_hold(tiny_workdir, tmp_path, capsys):
                  *common]) == 0
     assert main(["export", *args, "--run", str(tmp_path / "free"), "--out", str(tmp_path / "hf"),
                  "--metrics-json", str(tmp_path / "m.json")]) == 0
+    capsys.readouterr()
+    assert main(["export", *args, "--run", str(tmp_path / "free"), "--out", str(tmp_path / "hf2"),
+                 "--checkpoint", "explicit"]) != 0
+    error = capsys.readouterr().err
+    assert "no checkpoint yet" not in error and "--checkpoint latest" in error          # it has one
+    assert main(["export", *args, "--run", str(tmp_path / "free"), "--out", str(tmp_path / "free")]) != 0
+    assert "holds a saffu run" in capsys.readouterr().err
+    assert (tmp_path / "free" / "checkpoints").is_dir()                                 # the run untouched
     assert (tmp_path / "hf" / "model.safetensors").is_file() and (tmp_path / "hf" / "tokenizer.json").is_file()
 
 
@@ -333,3 +343,56 @@ def test_transformers_loads_the_export(tiny_workdir, tmp_path):
     with torch.no_grad():
         theirs = model(torch.from_numpy(tokens)).logits.numpy()
     np.testing.assert_allclose(np.asarray(model_logits(config, params, jnp.asarray(tokens, jnp.int32))), theirs, atol=1e-4)
+    # a plain prompt through the exported tokenizer gets saffu's context (<eod> first) and saffu's greedy text
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    prompt = tokenizer("the cat", return_tensors="pt").input_ids
+    with torch.no_grad():
+        generated = model.generate(prompt, max_new_tokens=6, do_sample=False, pad_token_id=0)[0].tolist()
+    ours = [EOD_ID, *tiny_workdir.tokenizer().encode("the cat").ids]
+    for _ in range(6):
+        logits = model_logits(config, params, jnp.asarray([ours], jnp.int32))
+        ours.append(int(jnp.argmax(logits[0, -1])))
+    assert generated == ours
+
+
+def _small_export(tiny_workdir, out):
+    config = TransformerConfig(vocab_size=tiny_workdir.vocab_size, **SMALL)
+    return export_gpt2(model_init(config, jax.random.key(3)), config, tiny_workdir.path / "tokenizer.json", out)
+
+
+def test_export_refuses_a_run_or_foreign_files_and_leaves_them_untouched(tiny_workdir, tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"model": {"kind": "transformer"}}))
+    foreign = tmp_path / "theirs"
+    foreign.mkdir()
+    (foreign / "config.json").write_text('{"architectures": ["BertModel"]}')
+    (foreign / "notes.txt").write_text("mine")
+    for out, message in ((run, "holds a saffu run"), (foreign, "notes.txt")):
+        before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+        with pytest.raises(SaffuError, match=message):
+            _small_export(tiny_workdir, out)
+        assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "theirs"]      # no staging folder left
+
+
+def test_export_files_are_plain_readable_and_replace_an_earlier_export(tiny_workdir, tmp_path):
+    import stat
+
+    from tokenizers import Tokenizer
+    mask = os.umask(0o022)
+    try:
+        _small_export(tiny_workdir, tmp_path / "hf")
+        report = _small_export(tiny_workdir, tmp_path / "hf")                  # over the earlier export
+    finally:
+        os.umask(mask)
+    files = sorted((tmp_path / "hf").iterdir())
+    assert [p.name for p in files] == report["files"] and not any(p.name.startswith(".") for p in files)  # no lock
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o644 for p in files)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+    specials = json.loads((tmp_path / "hf" / "special_tokens_map.json").read_text())
+    assert "unk_token" not in specials                                          # byte-level BPE: nothing unknown
+    ours = tiny_workdir.tokenizer()
+    theirs = Tokenizer.from_file(str(tmp_path / "hf" / "tokenizer.json"))
+    text = "the cat sat on the mat ."
+    assert theirs.encode(text).ids == [EOD_ID, *ours.encode(text).ids]         # <eod> first, as saffu reads a text

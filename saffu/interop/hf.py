@@ -11,7 +11,8 @@ saffu's transformer is GPT-2's architecture (pre-norm blocks, learned absolute p
 
 The checkpoint is ``config.json``, ``model.safetensors`` (PyTorch names, ``Conv1D`` weights
 stored ``[in, out]`` as GPT-2 does), ``generation_config.json`` and the tokenizer files
-(``tokenizer.json``, ``tokenizer_config.json``, ``special_tokens_map.json``), loadable by
+(``tokenizer.json``, ``tokenizer_config.json``, ``special_tokens_map.json``; the tokenizer puts
+``<eod>`` in front of a text, as saffu reads every document after one), loadable by
 ``transformers.AutoModelForCausalLM.from_pretrained(DIR)``. :func:`gpt2_logits` is an
 independent float64 NumPy forward of that architecture (the round trip's reference).
 """
@@ -20,12 +21,12 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from saffu._io import SaffuError, atomic_write_json, exclusive, probe_writable
+from saffu._io import FILE_MODE, SaffuError, atomic_write_json, probe_writable
 from saffu.data.tokenizer import EOD_ID, EOD_TOKEN, PAD_ID, PAD_TOKEN
 
 #: nnx.LayerNorm's epsilon, written as GPT-2's ``layer_norm_epsilon``.
@@ -88,28 +89,81 @@ def gpt2_state(params, config) -> dict[str, np.ndarray]:
     return state
 
 
+#: The files of an export; a folder holding these alone is an earlier export, which a new one replaces.
+EXPORT_FILES = frozenset({"config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
+                          "tokenizer_config.json", "special_tokens_map.json"})
+
+
+def check_out(out: Path) -> None:
+    """Refuse an ``--out`` an export would damage: a file, a saffu run (its ``config.json`` would
+    be overwritten and the run lost) or a folder holding files an export does not write. An
+    empty folder or an earlier export is fine."""
+    if out.exists() and not out.is_dir():
+        raise SaffuError(f"--out {out} is a file; give a folder")
+    names = {p.name for p in out.iterdir()} if out.is_dir() else set()
+    if not names:
+        return
+    config = out / "config.json"
+    try:
+        is_run = config.is_file() and "model" in json.loads(config.read_text())
+    except ValueError:
+        is_run = False
+    if is_run or (out / "checkpoints").exists() or (out / "explicit").exists():
+        raise SaffuError(f"--out {out} holds a saffu run, which the export would overwrite; export into a new folder")
+    foreign = sorted(names - EXPORT_FILES)
+    if foreign:
+        raise SaffuError(f"--out {out} holds files an export does not write ({', '.join(foreign[:5])}"
+                         f"{', …' if len(foreign) > 5 else ''}); export into a new or empty folder")
+
+
+def _tokenizer_with_leading_eod(tokenizer_json: str | Path) -> dict:
+    """saffu's tokenizer as ``tokenizer.json``, with a post-processor that puts ``<eod>`` in front
+    of every text (``add_special_tokens=True``, the Hugging Face default): saffu reads every
+    document after an ``<eod>``, so a plain prompt then gets the context saffu gives it."""
+    tokenizer = json.loads(Path(tokenizer_json).read_text())
+    template = {"type": "TemplateProcessing",
+                "single": [{"SpecialToken": {"id": EOD_TOKEN, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+                "pair": [{"SpecialToken": {"id": EOD_TOKEN, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                         {"SpecialToken": {"id": EOD_TOKEN, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                "special_tokens": {EOD_TOKEN: {"id": EOD_TOKEN, "ids": [EOD_ID], "tokens": [EOD_TOKEN]}}}
+    tokenizer["post_processor"] = template
+    return tokenizer
+
+
 def export_gpt2(params, config, tokenizer_json: str | Path, out: str | Path) -> dict:
-    """Write the checkpoint (see the module docstring) to ``out``; returns what was written."""
+    """Write the checkpoint (see the module docstring) to ``out``; returns what was written.
+
+    The files are written into a private folder beside ``out`` and moved into place at the end
+    (an earlier export there is replaced; anything else refused by :func:`check_out`), each
+    readable as the user's umask allows; no lock or temporary file is left in ``out``."""
     from safetensors.numpy import save_file
     exportable(config)
     out = Path(out)
+    check_out(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     probe_writable(out, "--out", directory=True)
-    with exclusive(out, "saffu export"):
-        state = gpt2_state(params, config)
-        save_file(state, str(out / "model.safetensors.tmp"), metadata={"format": "pt"})
-        (out / "model.safetensors.tmp").replace(out / "model.safetensors")
-        atomic_write_json(out / "config.json", gpt2_config(config))
-        atomic_write_json(out / "generation_config.json", {"bos_token_id": EOD_ID, "eos_token_id": EOD_ID,
-                                                           "pad_token_id": PAD_ID})
-        shutil.copyfile(tokenizer_json, out / "tokenizer.json")
-        specials = {"bos_token": EOD_TOKEN, "eos_token": EOD_TOKEN, "unk_token": EOD_TOKEN, "pad_token": PAD_TOKEN}
-        atomic_write_json(out / "special_tokens_map.json", specials)
-        atomic_write_json(out / "tokenizer_config.json", {"tokenizer_class": "PreTrainedTokenizerFast",
-                                                          "model_max_length": config.max_len,
-                                                          "add_prefix_space": False, **specials})
+    state = gpt2_state(params, config)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.export-") as tmp:
+        staging = Path(tmp) / "export"
+        staging.mkdir()
+        save_file(state, str(staging / "model.safetensors"), metadata={"format": "pt"})
+        atomic_write_json(staging / "config.json", gpt2_config(config))
+        atomic_write_json(staging / "generation_config.json", {"bos_token_id": EOD_ID, "eos_token_id": EOD_ID,
+                                                               "pad_token_id": PAD_ID})
+        atomic_write_json(staging / "tokenizer.json", _tokenizer_with_leading_eod(tokenizer_json))
+        specials = {"bos_token": EOD_TOKEN, "eos_token": EOD_TOKEN, "pad_token": PAD_TOKEN}   # byte-level BPE: no unknowns
+        atomic_write_json(staging / "special_tokens_map.json", specials)
+        atomic_write_json(staging / "tokenizer_config.json", {"tokenizer_class": "PreTrainedTokenizerFast",
+                                                              "model_max_length": config.max_len,
+                                                              "add_prefix_space": False, **specials})
+        for path in staging.iterdir():
+            path.chmod(FILE_MODE)
+        check_out(out)                               # still nothing but an earlier export there
+        if out.exists():
+            out.replace(Path(tmp) / "earlier")       # removed with the temporary folder
+        staging.replace(out)
     return {"out": str(out), "architecture": "GPT2LMHeadModel", "tensors": len(state),
-            "parameters": int(sum(v.size for v in state.values())),
-            "files": sorted(p.name for p in out.iterdir() if not p.name.startswith("."))}
+            "parameters": int(sum(v.size for v in state.values())), "files": sorted(p.name for p in out.iterdir())}
 
 
 def _layer_norm(x, weight, bias, eps):

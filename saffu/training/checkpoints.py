@@ -273,6 +273,10 @@ def load_explicit(run_dir: str | Path, config, expect: str = "") -> Params:
     otherwise."""
     path = (Path(run_dir) / "explicit").resolve()
     if config.kind not in ("saffu", "exact", "factorised"):
+        if latest_checkpoint_step(run_dir) is not None:
+            raise SaffuError(f"{run_dir} holds a {config.kind}, which keeps no explicit solution (an explicit "
+                             f"init is its state before step 1, not saved); use --checkpoint latest for its "
+                             f"trained weights")
         raise SaffuError(f"{run_dir} holds a {config.kind}, which has no explicit solution; it has no "
                          f"checkpoint yet: train it with `saffu train --run {run_dir}`")
     if not path.exists():
