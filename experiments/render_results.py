@@ -802,7 +802,30 @@ def speed_block() -> str:
     return "\n".join(lines) + "\n"
 
 
-README_BLOCKS = {"headline": headline_block, "lasts": lasts_block, "setup": setup_block, "speed": speed_block}
+def tuning_block() -> str:
+    """Each start's tuned values and its dev figure at each budget of ``results/tuning.json``."""
+    record = _load("tuning")
+    if record is None:
+        return "Not measured yet (`experiments/tune.py`).\n"
+    lines = []
+    for start, t in record["figures"]["starts"].items():
+        if not t["chosen"]:
+            lines.append(f"* {start}: its grid is not finished yet")
+            continue
+        c = t["chosen"]
+        grid = (f"* {start}: grid at {record['figures']['protocol']['share_epochs']:g} epoch chose learning rate "
+                f"{c['learning_rate']:g}, weight decay {c['weight_decay']:g}, dropout {c['dropout']:g}")
+        budgets = []
+        for epochs, b in t["budgets"].items():
+            if b["chosen"]:
+                run = next(r for r in b["runs"] if r["learning_rate"] == b["chosen"]["learning_rate"])
+                budgets.append(f"{epochs} epoch{'s' if epochs != '1' else ''}: {run['dev_bpb']:.4f} bits/byte at rate "
+                               f"{run['learning_rate']:g}")
+        lines.append(grid + ("; whole dev, " + ", ".join(budgets) if budgets else ""))
+    return "\n".join(lines) + f" ({record['date']}, [tuning](docs/results/tuning.md))\n"
+
+
+README_BLOCKS = {"tuning": tuning_block, "headline": headline_block, "lasts": lasts_block, "setup": setup_block, "speed": speed_block}
 BLOCK = re.compile(r"^<!-- generated: (?P<name>[\w-]+) -->\n(?P<body>.*?)^<!-- /generated -->$", re.M | re.S)
 
 

@@ -82,6 +82,8 @@ class SelfGuided:
 #: ``<pad>`` and ``<eod>``: the ids before every regular token.
 NUM_SPECIAL = 2
 COMPUTE_DTYPES = ("float32", "bfloat16")
+#: The transformer's blocks (:attr:`TransformerConfig.block`).
+BLOCKS = ("gpt", "llama")
 SMOOTHING_KINDS = ("dirichlet", "additive", "noise")
 VALUE_FORMS = ("linear", "log")
 #: Targets per evaluation window of every model (``eval_seq_len``; the transformer's fewer when
@@ -680,6 +682,10 @@ class TransformerConfig(SelfGuided):
         guide's weight ``α`` falls from 1 to 0 on a cosine (``0``: no guide); see :meth:`step_inputs`.
       output_bias: the output layer has a bias (``False``: logits ``= h B`` alone, the layout
         ``saffu export`` writes as a Hugging Face GPT-2 checkpoint).
+      block: ``"gpt"`` (LayerNorm, biased projections, a GELU MLP, learned absolute positions)
+        or ``"llama"`` (RMSNorm, projections without biases, a SwiGLU MLP of :attr:`mlp_hidden`
+        units, rotary positions on queries and keys, no position table); the output layer's bias
+        follows ``output_bias`` in both.
     """
 
     vocab_size: int
@@ -694,9 +700,18 @@ class TransformerConfig(SelfGuided):
     ffn_blocks: int = 4
     guide_share: float = 0.0
     output_bias: bool = True
+    block: str = "gpt"
     kind: str = "transformer"
 
     def __post_init__(self):
+        if self.block not in BLOCKS:
+            raise SaffuError(f"block must be one of {', '.join(BLOCKS)}, got {self.block!r}")
+        if self.block == "llama" and (self.ffn != "dense" or self.guide_share):
+            raise SaffuError("the llama block has a dense SwiGLU MLP; --ffn structures and --self-guided are the "
+                             "gpt block's")
+        if self.block == "llama" and (self.width // max(self.heads, 1)) % 2:
+            raise SaffuError(f"rotary positions need an even head width; --width {self.width} / --attention-heads "
+                             f"{self.heads} is odd")
         if min(self.width, self.layers, self.heads, self.mlp_ratio, self.max_len) < 1 or self.context_tokens < 1:
             raise SaffuError("transformer width, layers, heads, mlp_ratio, max_len and context must be ≥ 1")
         if self.width % self.heads:
@@ -731,8 +746,19 @@ class TransformerConfig(SelfGuided):
         return 2.0 * (dense + attention + d * V)
 
     @property
+    def mlp_hidden(self) -> int:
+        """Units of one block's MLP: ``mlp_ratio · d`` (gpt); llama's SwiGLU has three matrices, so
+        ``2/3`` of that, rounded up to a multiple of 8 (as Llama does): about the same weights."""
+        if self.block == "llama":
+            return -(-2 * self.mlp_ratio * self.width // 24) * 8
+        return self.mlp_ratio * self.width
+
+    @property
     def mlp_weights(self) -> int:
-        """Weights (biases excluded) of one block's MLP: ``2 · mlp_ratio · d²`` dense, fewer structured."""
+        """Weights (biases excluded) of one block's MLP: ``2 · mlp_ratio · d²`` dense, fewer
+        structured; llama's three matrices ``3 · d · mlp_hidden``."""
+        if self.block == "llama":
+            return 3 * self.width * self.mlp_hidden
         hidden = self.mlp_ratio * self.width
         return (structure_params(self.ffn, self.width, hidden, self.ffn_share, self.ffn_blocks)
                 + structure_params(self.ffn, hidden, self.width, self.ffn_share, self.ffn_blocks))
@@ -974,7 +1000,8 @@ NONFINITE_ACTIONS = ("stop", "skip")
 #: Smoothings of the exact model (:attr:`ExactConfig.smoothing`).
 EXACT_SMOOTHINGS = ("dirichlet", "witten_bell", "kneser_ney")
 #: The values a field may take, where the config restricts them (the CLI's choices).
-FIELD_CHOICES = {(Smoothing, "kind"): SMOOTHING_KINDS, (SaffuConfig, "value_form"): VALUE_FORMS,
+FIELD_CHOICES = {(TransformerConfig, "block"): BLOCKS,
+                 (Smoothing, "kind"): SMOOTHING_KINDS, (SaffuConfig, "value_form"): VALUE_FORMS,
                  (SaffuConfig, "chain"): STRUCTURES, (FactorisedConfig, "output"): STRUCTURES,
                  (TransformerConfig, "ffn"): STRUCTURES, (TrainConfig, "on_nonfinite"): NONFINITE_ACTIONS,
                  (TrainConfig, "compute_dtype"): COMPUTE_DTYPES, (ExactConfig, "smoothing"): EXACT_SMOOTHINGS,

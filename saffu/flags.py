@@ -166,7 +166,7 @@ ARCH, ARCH_RENAME = ("radius", "heads", "positions", "hidden", "value_form", "bl
 OUTPUT, OUTPUT_RENAME = ("output", "output_share", "output_blocks", "guide_share"), {
     "output": "--output-structure", "guide_share": "--output-guided"}
 TRANSFORMER = ("width", "layers", "heads", "mlp_ratio", "context_tokens", "max_len", "ffn", "ffn_share", "ffn_blocks",
-               "guide_share", "output_bias")
+               "guide_share", "output_bias", "block")
 TRANSFORMER_RENAME = {"heads": "--attention-heads", "context_tokens": "--context", "guide_share": "--self-guided"}
 TRAIN = ("steps", "batch_size", "seq_len", "learning_rate", "warmup_steps", "weight_decay", "adam_eps", "eval_every",
          "checkpoint_every", "seed", "freeze", "thaw_step", "on_nonfinite", "log_every", "compute_dtype", "dropout")

@@ -43,6 +43,8 @@ def exportable(config) -> None:
     if config.output_bias:
         raise SaffuError("this transformer's output layer has a bias, which GPT-2 lacks; train it with "
                          "--no-output-bias to export it")
+    if config.block != "gpt":
+        raise SaffuError(f"the {config.block} block is not GPT-2's; saffu exports the gpt block (--block gpt)")
     if config.ffn != "dense" or config.guide_share:
         raise SaffuError(f"a structured MLP (--ffn {config.ffn}) has no GPT-2 form; export a dense transformer")
 

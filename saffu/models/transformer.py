@@ -36,22 +36,48 @@ def _mlp_layer(config: TransformerConfig, n_in: int, n_out: int, rngs: nnx.Rngs)
                             guided=config.guide_share > 0, rngs=rngs)
 
 
-def self_attention(module: nnx.MultiHeadAttention, x: jax.Array, mask: jax.Array) -> jax.Array:
+def self_attention(module: nnx.MultiHeadAttention, x: jax.Array, mask: jax.Array,
+                   rotary: jax.Array | None = None) -> jax.Array:
     """``module(x, mask=mask)`` (flax's multi-head self-attention, its parameters and its
     result) computed faster on a CPU: the query, key and value projections as one product
     ``[B·S, d] @ [d, 3d]``, and the softmax attention window by window with its backward pass
     written out (:func:`_softmax_attention`). ``x float[B, S, d]``, ``mask bool[B, 1, S, S]``
-    (query × key) -> ``float[B, S, d]``."""
+    (query × key) -> ``float[B, S, d]``. ``rotary int32[B, S]``: each token's position, by which
+    the queries and keys are rotated (:func:`rotate`; the llama block). Projections without
+    biases (``use_bias=False``) are supported."""
     batch, length, d = x.shape
     heads = module.num_heads
-    kernel = jnp.concatenate([module.query.kernel[...], module.key.kernel[...], module.value.kernel[...]], axis=1)
-    bias = jnp.concatenate([module.query.bias[...], module.key.bias[...], module.value.bias[...]], axis=0)
-    qkv = x.reshape(-1, d) @ kernel.reshape(d, 3 * d) + bias.reshape(1, 3 * d)
+    parts = (module.query, module.key, module.value)
+    kernel = jnp.concatenate([part.kernel[...] for part in parts], axis=1)
+    qkv = x.reshape(-1, d) @ kernel.reshape(d, 3 * d)
+    if module.query.bias is not None:
+        qkv = qkv + jnp.concatenate([part.bias[...] for part in parts], axis=0).reshape(1, 3 * d)
     q, k, v = qkv.reshape(batch, length, 3, heads, d // heads).transpose(2, 0, 3, 1, 4)     # 3 × [B, H, S, k]
+    if rotary is not None:
+        q, k = rotate(q, rotary), rotate(k, rotary)
     mixed = _softmax_attention(q * jnp.asarray(1 / math.sqrt(d // heads), q.dtype), k, v, mask)
     mixed = mixed.transpose(0, 2, 1, 3).reshape(-1, d)                                     # [B·S, H·k]
-    out = mixed @ module.out.kernel[...].reshape(d, d) + module.out.bias[...][None]
+    out = mixed @ module.out.kernel[...].reshape(d, d)
+    if module.out.bias is not None:
+        out = out + module.out.bias[...][None]
     return out.reshape(batch, length, d)
+
+
+#: Rotary positions' base: head dimension pair ``i`` turns by ``position · ROPE_BASE^(−2i/k)``.
+ROPE_BASE = 10_000.0
+
+
+def rotate(x: jax.Array, positions: jax.Array) -> jax.Array:
+    """Rotary positions: ``x float[B, H, S, k]`` (queries or keys) turned by each token's
+    ``positions int32[B, S]``, the two halves of the head dimension as the pairs (Hugging Face
+    Llama's layout: ``x · cos + rotate_half(x) · sin``). A query and a key then score by their
+    distance alone."""
+    half = x.shape[-1] // 2
+    frequencies = ROPE_BASE ** (-jnp.arange(half, dtype=jnp.float32) / half)                # [k/2]
+    angles = positions[:, None, :, None].astype(jnp.float32) * frequencies[None, None, None]  # [B, 1, S, k/2]
+    cos, sin = jnp.cos(angles).astype(x.dtype), jnp.sin(angles).astype(x.dtype)
+    first, second = x[..., :half], x[..., half:]
+    return jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
 
 
 def _window_scores(q, k, mask):
@@ -125,28 +151,44 @@ class Dropout(NamedTuple):
 
 
 class Block(nnx.Module):
-    """Pre-norm block: ``x + attn(LN(x))``, then ``x + MLP(LN(x))``; the MLP's two layers dense
-    or structured (:mod:`saffu.models.structured`, ``config.ffn``)."""
+    """Pre-norm block: ``x + attn(norm(x))``, then ``x + MLP(norm(x))``. The gpt block: LayerNorm,
+    biased projections, a GELU MLP whose two layers are dense or structured
+    (:mod:`saffu.models.structured`, ``config.ffn``). The llama block: RMSNorm, projections
+    without biases, queries and keys rotated by position (:func:`rotate`), a SwiGLU MLP
+    ``mlp_out(silu(mlp_gate(h)) · mlp_in(h))``."""
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
         d = config.width
-        self.attention_norm = nnx.LayerNorm(d, rngs=rngs)
-        self.attention = nnx.MultiHeadAttention(num_heads=config.heads, in_features=d, decode=False, rngs=rngs)
-        self.mlp_norm = nnx.LayerNorm(d, rngs=rngs)
-        self.mlp_in = _mlp_layer(config, d, config.mlp_ratio * d, rngs)
-        self.mlp_out = _mlp_layer(config, config.mlp_ratio * d, d, rngs)
+        self.llama = config.block == "llama"
+        norm = nnx.RMSNorm if self.llama else nnx.LayerNorm
+        self.attention_norm = norm(d, rngs=rngs)
+        self.attention = nnx.MultiHeadAttention(num_heads=config.heads, in_features=d, decode=False,
+                                                use_bias=not self.llama, rngs=rngs)
+        self.mlp_norm = norm(d, rngs=rngs)
+        if self.llama:
+            self.mlp_gate = nnx.Linear(d, config.mlp_hidden, use_bias=False, rngs=rngs)
+            self.mlp_in = nnx.Linear(d, config.mlp_hidden, use_bias=False, rngs=rngs)
+            self.mlp_out = nnx.Linear(config.mlp_hidden, d, use_bias=False, rngs=rngs)
+        else:
+            self.mlp_in = _mlp_layer(config, d, config.mlp_ratio * d, rngs)
+            self.mlp_out = _mlp_layer(config, config.mlp_ratio * d, d, rngs)
 
     def __call__(self, x: jax.Array, mask: jax.Array, sow_weights: bool = False,
-                 alpha: jax.Array | None = None, dropout: Dropout | None = None) -> jax.Array:
+                 alpha: jax.Array | None = None, dropout: Dropout | None = None,
+                 rotary: jax.Array | None = None) -> jax.Array:
         """``dropout``: drop the attention's and the MLP's outputs before each joins the residual
-        stream (training only)."""
+        stream (training only); ``rotary int32[B, S]``: the tokens' positions (the llama block)."""
         drop = (lambda y, i: y) if dropout is None else (lambda y, i: dropout.apply(y, i))
         h = self.attention_norm(x)
+        if sow_weights and self.llama:
+            raise SaffuError("attention profiles read flax's attention, which has no rotary positions: the gpt block's")
         # flax's own call keeps the attention weights; the faster one computes the same
         x = x + drop(self.attention(h, mask=mask, sow_weights=True) if sow_weights
-                     else self_attention(self.attention, h, mask), 0)
-        guide = () if alpha is None else (alpha,)     # none: dense, structured, or the guide is gone
+                     else self_attention(self.attention, h, mask, rotary), 0)
         h = self.mlp_norm(x).reshape(-1, x.shape[-1])                                     # [B·S, d]
+        if self.llama:
+            return x + drop(self.mlp_out(jax.nn.silu(self.mlp_gate(h)) * self.mlp_in(h)).reshape(x.shape), 1)
+        guide = () if alpha is None else (alpha,)     # none: dense, structured, or the guide is gone
         return x + drop(self.mlp_out(jax.nn.gelu(self.mlp_in(h, *guide)), *guide).reshape(x.shape), 1)
 
 
@@ -156,9 +198,10 @@ class Transformer(nnx.Module):
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
         self.config = config
         self.embed = nnx.Embed(config.vocab_size, config.width, rngs=rngs)
-        self.positions = nnx.Param(0.02 * jax.random.normal(rngs.params(), (config.max_len, config.width)))
+        if config.block == "gpt":       # the llama block's positions are rotations, not a table
+            self.positions = nnx.Param(0.02 * jax.random.normal(rngs.params(), (config.max_len, config.width)))
         self.blocks = nnx.List([Block(config, rngs=rngs) for _ in range(config.layers)])
-        self.final_norm = nnx.LayerNorm(config.width, rngs=rngs)
+        self.final_norm = (nnx.RMSNorm if config.block == "llama" else nnx.LayerNorm)(config.width, rngs=rngs)
         self.output = nnx.Linear(config.width, config.vocab_size, use_bias=config.output_bias, rngs=rngs)
 
     def __call__(self, tokens: jax.Array, sow_weights: bool = False, alpha: jax.Array | None = None,
@@ -180,16 +223,20 @@ class Transformer(nnx.Module):
         if positions is None and length > self.config.max_len:
             raise SaffuError(f"window of {length} tokens is longer than the transformer's max_len "
                              f"{self.config.max_len}; use a shorter --seq-len or a larger --max-len")
-        table = self.positions[...]
         # the table's own dtype (flax's Embed would cast to the dtype it was built with, float32,
         # and so promote every later product of a bf16 step back to float32)
-        x = jnp.take(self.embed.embedding[...], tokens, axis=0) + (table[None, :length] if positions is None
-                                                                   else table[positions])
+        x = jnp.take(self.embed.embedding[...], tokens, axis=0)
+        rotary = None
+        if self.config.block == "llama":
+            rotary = positions if positions is not None else jnp.broadcast_to(jnp.arange(length), tokens.shape)
+        else:
+            table = self.positions[...]
+            x = x + (table[None, :length] if positions is None else table[positions])
         mask = document_causal_mask(tokens)
         if dropout is not None:
             x = dropout.at(0).apply(x, 0)
         for index, block in enumerate(self.blocks):
-            x = block(x, mask, sow_weights, alpha, None if dropout is None else dropout.at(index + 1))
+            x = block(x, mask, sow_weights, alpha, None if dropout is None else dropout.at(index + 1), rotary)
         return self.final_norm(x[:, predict_from:])
 
 
@@ -392,6 +439,11 @@ def _layer_norm(p: Params, x: jax.Array, epsilon: float = 1e-6) -> jax.Array:
     return (x - mean) * jax.lax.rsqrt(variance + epsilon) * p["scale"][None] + p["bias"][None]
 
 
+def _rms_norm(p: Params, x: jax.Array, epsilon: float = 1e-6) -> jax.Array:
+    """``nnx.RMSNorm`` (its default ``epsilon``) with the params dict ``{"scale"}``."""
+    return x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + epsilon) * p["scale"][None]
+
+
 def decode_cache(config: TransformerConfig, batch: int) -> Params:
     """An empty key/value cache of ``batch`` sequences of up to ``config.max_len`` tokens:
     ``keys``, ``values`` ``float32[L, B, max_len, H, d/H]``, ``documents int32[B, max_len]`` (the
@@ -415,25 +467,35 @@ def decode_step(params: Params, config: TransformerConfig, cache: Params, tokens
     document = cache["document"] + (tokens == EOD_ID).astype(jnp.int32)                    # [B]
     documents = cache["documents"].at[:, position].set(document)
     visible = (jnp.arange(config.max_len)[None] <= position) & (documents == document[:, None])   # [B, T]
-    x = params["embed"]["embedding"][tokens] + params["positions"][position][None]          # [B, d]
+    llama = config.block == "llama"
+    norm = _rms_norm if llama else _layer_norm
+    bias = lambda layer: layer["bias"][None] if "bias" in layer else 0.0
+    x = params["embed"]["embedding"][tokens]                                                # [B, d]
+    if not llama:
+        x = x + params["positions"][position][None]
+    here = jnp.full((tokens.shape[0], 1), position)                                         # [B, 1]
+    turn = (lambda y: rotate(y[:, :, None], here)[:, :, 0]) if llama else (lambda y: y)     # [B, H, k]
     keys, values = cache["keys"], cache["values"]
     for index in range(config.layers):
         block = params["blocks"][index]
         attention = block["attention"]
-        h = _layer_norm(block["attention_norm"], x)
+        h = norm(block["attention_norm"], x)
         project = lambda name, h=h, attention=attention: (jnp.einsum("bd,dhk->bhk", h, attention[name]["kernel"])
-                                                          + attention[name]["bias"][None])
-        q = project("query")
-        keys = keys.at[index, :, position].set(project("key"))
+                                                          + bias(attention[name]))
+        q = turn(project("query"))
+        keys = keys.at[index, :, position].set(turn(project("key")))
         values = values.at[index, :, position].set(project("value"))
         scores = jnp.einsum("bhk,bthk->bht", q / jnp.sqrt(q.shape[-1]).astype(q.dtype), keys[index])
         scores = jnp.where(visible[:, None, :], scores, jnp.finfo(scores.dtype).min)
         mixed = jnp.einsum("bht,bthk->bhk", jax.nn.softmax(scores, axis=-1), values[index])
-        x = x + jnp.einsum("bhk,hkd->bd", mixed, attention["out"]["kernel"]) + attention["out"]["bias"][None]
-        h = _layer_norm(block["mlp_norm"], x)
-        h = jax.nn.gelu(h @ block["mlp_in"]["kernel"] + block["mlp_in"]["bias"][None])
-        x = x + h @ block["mlp_out"]["kernel"] + block["mlp_out"]["bias"][None]
-    logits = _layer_norm(params["final_norm"], x) @ params["output"]["kernel"]
+        x = x + jnp.einsum("bhk,hkd->bd", mixed, attention["out"]["kernel"]) + bias(attention["out"])
+        h = norm(block["mlp_norm"], x)
+        if llama:
+            h = jax.nn.silu(h @ block["mlp_gate"]["kernel"]) * (h @ block["mlp_in"]["kernel"])
+        else:
+            h = jax.nn.gelu(h @ block["mlp_in"]["kernel"] + block["mlp_in"]["bias"][None])
+        x = x + h @ block["mlp_out"]["kernel"] + bias(block["mlp_out"])
+    logits = norm(params["final_norm"], x) @ params["output"]["kernel"]
     if "bias" in params["output"]:
         logits = logits + params["output"]["bias"][None]
     return logits, {"keys": keys, "values": values, "documents": documents, "document": document,
