@@ -93,6 +93,7 @@ def test_the_llama_block_sizes_and_refusals():
         transformer_attention(params, CONFIG, jnp.ones((1, 6), jnp.int32))
 
 
+@pytest.mark.slow    # an explicit solve, training and generation through the CLI: about half a minute
 def test_cli_trains_an_explicit_llama_block_and_generates(tiny_workdir, tmp_path, capsys):
     import json
 
