@@ -191,10 +191,9 @@ def budget_rates(args, start: str, chosen: dict, epochs: float, run: bool) -> tu
             run_all(args, wanted)
         done = [(v, load(args.out, name_of(start, v, epochs))["dev_bpb"]) for _, v, _ in wanted
                 if (args.out / "runs" / name_of(start, v, epochs) / "result.json").exists()]
-        try:
-            best = choose({"learning_rate": rates, "weight_decay": [chosen["weight_decay"]],
-                           "dropout": [chosen["dropout"]]}, done)
-            return rates, best, done
+        try:       # the weight decay and dropout stay the grid's: only the rate is searched here
+            best = choose({"learning_rate": rates}, [({"learning_rate": v["learning_rate"]}, loss) for v, loss in done])
+            return rates, {**chosen, **best}, done
         except SaffuError as error:
             if not run or "learning_rate" not in str(error) or len(rates) > 5:
                 print(f"{start} at {epochs:g} epochs: {error}")
