@@ -17,10 +17,10 @@ import time
 from pathlib import Path
 
 from saffu._io import atomic_write_json, write_metrics
-from saffu.cli import exact_groups
 from saffu.configs import ExactConfig
 from saffu.data.workdir import open_workdir
 from saffu.eval.scoring import evaluate_split
+from saffu.flags import exact_groups
 from saffu.solve.exact import solve_exact
 
 

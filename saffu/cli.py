@@ -23,7 +23,7 @@ from pathlib import Path
 
 from saffu import configs, flags
 from saffu._io import SaffuError, SaffuWarning, exclusive, is_disk_full, probe_writable, write_metrics
-from saffu.flags import DEFAULT_CORPUS, config_from_args, exact_groups  # noqa: F401 (exact_groups: used by experiments)
+from saffu.flags import DEFAULT_CORPUS, config_from_args
 
 SHARED_CORPUS = Path("../shared/data/babylm/2023")
 
@@ -196,8 +196,6 @@ def cmd_demo(args) -> dict:
 
 def cmd_fit(args) -> dict:
     workdir = _workdir(args)
-    if args.background:
-        raise SaffuError("--background is not supported by the SAFFU solver yet (codes are unblended); drop the flag")
     solver = configs.SolverConfig(smoothing=flags.smoothing_from_args(args), holdout_tokens=args.holdout_tokens,
                                   chunk_size=args.chunk_size)
     return _solve(args, workdir, flags.model_from_args("saffu", args, workdir.vocab_size), solver, "explicit SAFFU")

@@ -218,9 +218,10 @@ def add_checkpoint_flags(parser) -> None:
                              "explicit: the explicit solution")
 
 
-def add_model_flags(parser, config, what: str) -> None:
-    """Code and smoothing flags with the defaults of ``config`` (a solver or bigram config)."""
-    add_config_flags(parser, configs.CipherConfig, ("bits", "background"),
+def add_model_flags(parser, config, what: str, background: bool = True) -> None:
+    """Code and smoothing flags with the defaults of ``config`` (a solver or bigram config);
+    ``background``: also the codes' background blend (the bigram's; SAFFU's solver has none)."""
+    add_config_flags(parser, configs.CipherConfig, ("bits", "background") if background else ("bits",),
                      help={"bits": "bit-cipher bits b (codes have b+1 dims)", "background": "background blend weight "
                                                                                             "λ in [0,1)"})
     add_config_flags(parser, configs.Smoothing, SMOOTHING, SMOOTHING_RENAME, defaults=config.smoothing,
@@ -305,7 +306,7 @@ def _fit_flags(p) -> None:
     add_run_flags(p)
     add_architecture_flags(p)
     add_eval_flags(p)
-    add_model_flags(p, configs.SolverConfig(), "every SAFFU stage's conditional distributions")
+    add_model_flags(p, configs.SolverConfig(), "every SAFFU stage's conditional distributions", background=False)
 
 
 def _factorise_flags(p) -> None:

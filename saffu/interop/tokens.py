@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 
 from saffu._io import SaffuError, atomic_write_json, exclusive
@@ -228,5 +229,5 @@ def solve_exact_tables(source: TokenSource, config=None, progress: bool = True):
         workdir = workdir_from_tokens(source, tmp)
         config = _capped_holdout(config, workdir)
         tables, _ = solve_exact(workdir, config, progress=progress)
-        tables = __import__("jax").tree.map(np.asarray, tables)
+        tables = jax.tree.map(np.asarray, tables)
     return config, tables, source.id_map()

@@ -49,8 +49,6 @@ from saffu.training.checkpoints import (
     tree_bytes,
 )
 
-INITS = ("explicit", "random")
-
 #: Any model config with the shared interface (:mod:`saffu.models.interface`).
 Model = object
 
