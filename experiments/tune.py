@@ -256,8 +256,9 @@ def main(argv=None) -> int:
         chosen = {start: tuned_grid(args, start, run=False)[1] for start in args.starts}
         if None in chosen.values():
             raise SystemExit("the grid phase has not chosen every start's values yet (--phase grid)")
+        # the tuned rate of every start first (a comparison as soon as one round ends), then the neighbours
         first = [(start, {**values, "learning_rate": round(values["learning_rate"] * f, 12)}, epochs)
-                 for epochs in args.epochs for start, values in chosen.items() for f in (1.0, 0.5, 2.0)]
+                 for epochs in args.epochs for f in (1.0, 0.5, 2.0) for start, values in chosen.items()]
         run_all(args, first)
         for start, values in chosen.items():
             for epochs in args.epochs:
