@@ -174,10 +174,13 @@ def tuned_grid(args, start: str, run: bool) -> tuple[dict, dict | None, list]:
             return grid, choose(grid, done), done
         except SaffuError as error:
             bigger = grown(grid, error)
-            if bigger is None or not run or len(bigger["learning_rate"]) > 7:
+            probed = bigger is not None and all(
+                (args.out / "runs" / name_of(start, v, args.share) / "result.json").exists() for v in combos(bigger))
+            if bigger is None or not (run or probed) or len(bigger["learning_rate"]) > 7:
                 print(f"{start}: {error}")
                 return grid, None, done
-            print(f"{start}: {error}: growing the grid", flush=True)
+            if run:
+                print(f"{start}: {error}: growing the grid", flush=True)
             grid = bigger
 
 
@@ -231,7 +234,7 @@ def _row(args, start: str, values: dict, epochs: float) -> dict:
     history = [json.loads(line) for line in (args.out / "runs" / name / "metrics.jsonl").read_text().splitlines()]
     return {"name": name, **values, "epochs": epochs, "dev_bpb": result["dev_bpb"], "dev_loss": result["dev_loss"],
             "train_loss": history[-1]["train_loss"], "last_dev_window_loss": history[-1]["dev_loss"],
-            "steps": result["steps"], "train_seconds": result.get("train_seconds"),
+            "steps": result["steps"], "train_seconds": history[-1]["seconds"],   # also of a run resumed at its end
             "solve_seconds": result.get("solve_seconds", 0.0), "flops": result.get("flops"),
             "dev_whole_split": result.get("dev_whole_split"),
             "command": (args.out / "runs" / name / "command.txt").read_text().strip()}
