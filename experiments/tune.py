@@ -261,7 +261,7 @@ def main(argv=None) -> int:
             raise SystemExit("the grid phase has not chosen every start's values yet (--phase grid)")
         # the tuned rate of every start first (a comparison as soon as one round ends), then the neighbours
         first = [(start, {**values, "learning_rate": round(values["learning_rate"] * f, 12)}, epochs)
-                 for epochs in args.epochs for f in (1.0, 0.5, 2.0) for start, values in chosen.items()]
+                 for epochs in args.epochs for f in (1.0, 2.0, 0.5) for start, values in chosen.items()]
         run_all(args, first)
         for start, values in chosen.items():
             for epochs in args.epochs:
