@@ -621,7 +621,8 @@ def tuning(record: dict) -> str:
         budgets = "\n".join(f"| {epochs} | {r['learning_rate']:g} | {r['weight_decay']:g} | {r['dropout']:g} | "
                              f"{r['dev_bpb']:.4f} | {r['train_loss']:.3f} | {r['last_dev_window_loss']:.3f} | "
                              f"{r['train_seconds']:,.0f} |" for epochs, b in t["budgets"].items() for r in b["runs"])
-        best = "; ".join(f"{epochs} epochs: rate {value((b['chosen'] or {}).get('learning_rate'))}"
+        best = "; ".join(f"{epochs} epochs: rate {b['chosen']['learning_rate']:g}" if b["chosen"] else
+                         f"{epochs} epochs: no rate chosen yet (its neighbours are still to run, or the best sits at an edge)"
                          for epochs, b in t["budgets"].items())
         sections.append(f"""## {start}
 
