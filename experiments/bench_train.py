@@ -367,10 +367,8 @@ def _run_child(name: str, cores: str, spec: dict, folder: Path, before: Path | N
     command = [sys.executable, str(Path(__file__).resolve()), "--child", name, "--spec", str(spec_path),
                "--out", str(out)]
     if name == "saffu-mp2":     # one process per core, joined by jax.distributed
-        import socket
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            coordinator = f"127.0.0.1:{probe.getsockname()[1]}"
+        from saffu.engine.distributed import local_coordinator
+        coordinator = local_coordinator()
         jobs = [subprocess.Popen(["taskset", "-c", core, *command, "--coordinator", coordinator, "--process-id",
                                   str(i)], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                 for i, core in enumerate(cores.split(","))]

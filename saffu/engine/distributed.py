@@ -45,6 +45,13 @@ def initialize(coordinator: str, num_processes: int, process_id: int) -> None:
                                process_id=process_id)
 
 
+def local_coordinator() -> str:
+    """``"127.0.0.1:PORT"`` with a port free now: where process 0 of a job on this machine listens."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{probe.getsockname()[1]}"
+
+
 def spawn_local(argv: list[str], num_processes: int) -> tuple[str, list[subprocess.Popen]]:
     """Start processes ``1 … num_processes − 1`` of a job on this machine, each running
     ``python -m saffu <argv> --coordinator C --process-id i --quiet`` (their standard output
@@ -53,10 +60,7 @@ def spawn_local(argv: list[str], num_processes: int) -> tuple[str, list[subproce
     is what runs a CPU at its speed: one process's XLA threads leave a second core half idle).
 
     Returns ``(coordinator "127.0.0.1:PORT", the started processes)``."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    coordinator = f"127.0.0.1:{port}"
+    coordinator = local_coordinator()
     cores = sorted(os.sched_getaffinity(0))
     pin = len(cores) >= num_processes
     started = []
