@@ -306,6 +306,32 @@ def cmd_blimp(args) -> dict:
         "weights": which, **evaluate_blimp(params, config, workdir.tokenizer(), args.blimp, progress=not args.quiet)})
 
 
+def cmd_harness(args) -> dict:
+    import tempfile
+    try:
+        from saffu.interop.harness import evaluate, write_blimp_tasks
+    except ModuleNotFoundError as err:
+        raise SaffuError(f"the harness needs lm-evaluation-harness ({err}); pip install -e '.[eval]'") from None
+    tasks, include = list(args.tasks), list(args.include_path)
+    with tempfile.TemporaryDirectory(prefix="saffu-tasks-") as scratch:
+        if args.blimp is not None:
+            folder = args.write_tasks or Path(scratch)
+            write_blimp_tasks(args.blimp, folder)
+            tasks.append("saffu_blimp")
+            include.append(folder)
+        if not tasks:
+            raise SaffuError("name --tasks, or give --blimp FOLDER")
+        results = evaluate(args.run, tasks, include, args.workdir, args.checkpoint, args.limit, args.batch_size,
+                           progress=not args.quiet)["results"]
+    metrics = {}
+    for task, figures in results.items():
+        for key, value in figures.items():
+            name, _, kind = key.partition(",")
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and kind == "none":
+                metrics[f"{task}_{name}"] = value
+    return _print_metrics(f"lm-evaluation-harness on {args.run}", metrics)
+
+
 def cmd_ngram(args) -> dict:
     from saffu.jobs import ngram_baseline
     config, workdir = config_from_args(configs.NgramConfig, args, ("order",)), _workdir(args)
@@ -352,7 +378,8 @@ def cmd_inspect(args) -> dict:
 
 COMMANDS = {"prepare": cmd_prepare, "stats": cmd_stats, "fit": cmd_fit, "factorise": cmd_factorise,
             "exact": cmd_exact, "train": cmd_train, "eval": cmd_eval, "pack": cmd_pack,
-            "init-weights": cmd_init_weights, "export": cmd_export, "blimp": cmd_blimp, "ngram": cmd_ngram,
+            "init-weights": cmd_init_weights, "export": cmd_export, "blimp": cmd_blimp, "harness": cmd_harness,
+            "ngram": cmd_ngram,
             "generate": cmd_generate, "inspect": cmd_inspect, "download": cmd_download, "demo": cmd_demo}
 
 

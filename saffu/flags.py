@@ -417,6 +417,26 @@ def _blimp_flags(p) -> None:
     p.add_argument("--blimp", type=Path, required=True, help="folder of BLiMP paradigm *.jsonl files")
 
 
+def _harness_flags(p) -> None:
+    """lm-evaluation-harness tasks of a run (pip install -e ".[eval]")
+
+    Score a run with lm-evaluation-harness (the model `saffu`, saffu.interop.harness): the tasks of --tasks,
+    the task configs of --include-path folders, and with --blimp a local BLiMP folder as the group
+    saffu_blimp (one task per paradigm file; accuracy over all pairs, as `saffu blimp` reports it)."""
+    p.add_argument("--run", type=Path, required=True, help="run directory (of `saffu fit`, `train`, `exact`, …)")
+    p.add_argument("--workdir", type=Path, help="its work directory (default: the one the run records)")
+    p.add_argument("--checkpoint", choices=["latest", "explicit"], default="latest",
+                   help="latest: the latest training checkpoint, or the explicit solution when there is none; "
+                        "explicit: the explicit solution")
+    p.add_argument("--tasks", nargs="+", default=[], help="harness task or group names")
+    p.add_argument("--blimp", type=Path, help="folder of BLiMP paradigm *.jsonl files, scored as the group saffu_blimp")
+    p.add_argument("--include-path", type=Path, action="append", default=[],
+                   help="a folder of task configs (repeatable), as lm_eval's --include_path")
+    p.add_argument("--write-tasks", type=Path, help="keep --blimp's task configs in this folder (for lm_eval itself)")
+    p.add_argument("--limit", type=int, help="at most this many documents per task (a quick check)")
+    p.add_argument("--batch-size", type=int, help="rows per scoring call (default: about 2,048 positions)")
+
+
 def _ngram_flags(p) -> None:
     """Kneser-Ney n-gram baseline from the engine's counts (+ ARPA, BLiMP)
 
@@ -478,7 +498,7 @@ def _demo_flags(p) -> None:
 COMMAND_FLAGS = {"prepare": _prepare_flags, "stats": _stats_flags, "fit": _fit_flags, "factorise": _factorise_flags,
                  "exact": _exact_flags, "train": _train_flags, "eval": _eval_flags, "pack": _pack_flags,
                  "init-weights": _init_weights_flags, "export": _export_flags, "blimp": _blimp_flags,
-                 "ngram": _ngram_flags, "generate": _generate_flags, "inspect": _inspect_flags,
+                 "harness": _harness_flags, "ngram": _ngram_flags, "generate": _generate_flags, "inspect": _inspect_flags,
                  "download": _download_flags, "demo": _demo_flags}
 
 #: What each writing command writes into: ``(flag, attribute, a directory?)``; the command
