@@ -81,7 +81,7 @@ _EXPORTS = {
     "saffu.interop.tokens": ["TokenSource", "solve_exact_tables", "solve_pieces", "workdir_from_tokens"],
     "saffu.interop.residual": ["ExplicitResidual"],
     "saffu.interop.weights_file": ["read_init_file", "write_init_file"],
-    "saffu.interop.hf": ["export_gpt2", "gpt2_logits"],
+    "saffu.interop.hf": ["export_hf", "gpt2_logits", "llama_logits"],
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 

@@ -284,11 +284,11 @@ def cmd_init_weights(args) -> dict:
 
 
 def cmd_export(args) -> dict:
-    from saffu.interop.hf import export_gpt2, exportable
+    from saffu.interop.hf import export_hf, exportable
     from saffu.training.checkpoints import load_run_config
     exportable(load_run_config(args.run))
     _, config, params, which = _load_run(args)
-    metrics = {**export_gpt2(params, config, Path(args.workdir) / "tokenizer.json", args.out), "weights": which}
+    metrics = {**export_hf(params, config, Path(args.workdir) / "tokenizer.json", args.out), "weights": which}
     metrics["files"] = ",".join(metrics["files"])
     return _print_metrics(f"exported {args.run} ({which} weights) to {args.out}", metrics)
 

@@ -400,10 +400,11 @@ def _init_weights_flags(p) -> None:
 
 
 def _export_flags(p) -> None:
-    """a trained transformer run as a Hugging Face GPT-2 checkpoint
+    """a trained transformer run as a Hugging Face checkpoint (GPT-2 or Llama)
 
     Write a transformer run (trained with --no-output-bias) as config.json, model.safetensors and the
-    tokenizer files of a GPT-2 checkpoint that transformers loads."""
+    tokenizer files of a checkpoint that transformers loads: GPT2LMHeadModel for the gpt block,
+    LlamaForCausalLM for the llama block."""
     add_checkpoint_flags(p)
     p.add_argument("--out", type=Path, required=True, help="checkpoint folder to write")
 

@@ -26,8 +26,9 @@ from saffu.interop import (
     tied_matrix,
     write_init_file,
 )
-from saffu.interop.hf import export_gpt2, gpt2_logits, load_checkpoint
+from saffu.interop.hf import export_hf, gpt2_logits, llama_logits, load_checkpoint
 from saffu.models.interface import model_init, model_logits
+from saffu.models.transformer import transformer_logits
 
 V, D = 40, 8
 
@@ -287,23 +288,36 @@ def test_cli_init_weights(tiny_workdir, tmp_path, capsys):
 SMALL = {"width": 16, "layers": 2, "heads": 2, "context_tokens": 4, "max_len": 24, "output_bias": False}
 
 
+def _noisy(config, seed=3):
+    params = model_init(config, jax.random.key(seed))
+    return jax.tree.map(lambda x: x + 0.05 * jax.random.normal(jax.random.key(seed + 1), x.shape), params)  # no zero biases
+
+
+def _at_document_start(config, params, tokens):
+    """saffu's logits of ``tokens`` read as a document is: from position ``context − 1`` on."""
+    positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]) + config.context - 1, tokens.shape)
+    return np.asarray(transformer_logits(params, config, jnp.asarray(tokens), positions=positions), np.float64)
+
+
 @pytest.mark.slow
-def test_export_matches_an_independent_gpt2_forward(tiny_workdir, tmp_path):
-    config = TransformerConfig(vocab_size=tiny_workdir.vocab_size, **SMALL)
-    params = model_init(config, jax.random.key(3))
-    params = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(jax.random.key(4), x.shape), params)  # no zero biases
-    export_gpt2(params, config, tiny_workdir.path / "tokenizer.json", tmp_path / "hf")
+@pytest.mark.parametrize("block", ["gpt", "llama"])
+def test_export_matches_an_independent_forward(tiny_workdir, tmp_path, block):
+    config = TransformerConfig(vocab_size=tiny_workdir.vocab_size, block=block, **SMALL)
+    params = _noisy(config)
+    export_hf(params, config, tiny_workdir.path / "tokenizer.json", tmp_path / "hf")
     state, hf_config = load_checkpoint(tmp_path / "hf")
     assert hf_config["tie_word_embeddings"] is False and "lm_head.weight" in state
+    assert hf_config["architectures"] == [{"gpt": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}[block]]
     stream = np.asarray(tiny_workdir.tokens("train_10M"))
     eods = np.flatnonzero(stream == 1)
-    # ten windows inside single documents (GPT-2 attends across <eod>, saffu does not)
-    starts = [a + 1 for a, b in itertools.pairwise(eods) if b - a > 6][:10]
+    # ten documents from their <eod> (Hugging Face attends across <eod>, saffu does not)
+    starts = [a for a, b in itertools.pairwise(eods) if b - a > 6][:10]
     tokens = np.stack([stream[s:s + 6] for s in starts]).astype(np.int32)
-    ours = np.asarray(model_logits(config, params, jnp.asarray(tokens)), np.float64)
-    theirs = gpt2_logits(state, hf_config, tokens)
+    theirs = (gpt2_logits if block == "gpt" else llama_logits)(state, hf_config, tokens)
     assert len(starts) == 10
-    np.testing.assert_allclose(ours, theirs, atol=1e-4)
+    np.testing.assert_allclose(_at_document_start(config, params, tokens), theirs, atol=1e-4)
+    if block == "gpt":     # the table from saffu's row context − 1: as many positions as saffu reads after it
+        assert hf_config["n_positions"] == config.max_len - config.context + 1
 
 
 @pytest.mark.slow
@@ -332,32 +346,32 @@ def test_export_refuses_what_gpt2_cannot_hold(tiny_workdir, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_transformers_loads_the_export(tiny_workdir, tmp_path):
+@pytest.mark.parametrize("block", ["gpt", "llama"])
+def test_transformers_loads_the_export(tiny_workdir, tmp_path, block):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    config = TransformerConfig(vocab_size=tiny_workdir.vocab_size, **SMALL)
-    params = model_init(config, jax.random.key(3))
-    export_gpt2(params, config, tiny_workdir.path / "tokenizer.json", tmp_path / "hf")
+    from saffu.eval.scoring import generate
+    config = TransformerConfig(vocab_size=tiny_workdir.vocab_size, block=block, **SMALL)
+    params = _noisy(config)
+    export_hf(params, config, tiny_workdir.path / "tokenizer.json", tmp_path / "hf")
     model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
-    tokens = np.asarray(tiny_workdir.tokens("train_10M")[1:7])[None].astype(np.int64)
+    tokens = np.asarray(tiny_workdir.tokens("train_10M")[0:7])[None].astype(np.int64)     # a document from its <eod>
+    assert tokens[0, 0] == EOD_ID
     with torch.no_grad():
         theirs = model(torch.from_numpy(tokens)).logits.numpy()
-    np.testing.assert_allclose(np.asarray(model_logits(config, params, jnp.asarray(tokens, jnp.int32))), theirs, atol=1e-4)
-    # a plain prompt through the exported tokenizer gets saffu's context (<eod> first) and saffu's greedy text
-    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
-    prompt = tokenizer("the cat", return_tensors="pt").input_ids
-    with torch.no_grad():
-        generated = model.generate(prompt, max_new_tokens=6, do_sample=False, pad_token_id=0)[0].tolist()
-    ours = [EOD_ID, *tiny_workdir.tokenizer().encode("the cat").ids]
-    for _ in range(6):
-        logits = model_logits(config, params, jnp.asarray([ours], jnp.int32))
-        ours.append(int(jnp.argmax(logits[0, -1])))
-    assert generated == ours
+    np.testing.assert_allclose(_at_document_start(config, params, tokens.astype(np.int32)), theirs, atol=1e-4)
+    # a plain prompt through the exported tokenizer gets saffu's context (<eod> first): the text-generation
+    # pipeline's greedy text is `saffu generate --top-k 1`'s
+    pipe = transformers.pipeline("text-generation", model=model, tokenizer=str(tmp_path / "hf"))
+    text = pipe("the cat", max_new_tokens=6, do_sample=False, return_full_text=True)[0]["generated_text"]
+    ours = generate(params, config, tiny_workdir.tokenizer(), jax.random.key(0), num_samples=1, max_tokens=6,
+                    top_k=1, prompt="the cat")[0]
+    assert text == ours
 
 
 def _small_export(tiny_workdir, out):
     config = TransformerConfig(vocab_size=tiny_workdir.vocab_size, **SMALL)
-    return export_gpt2(model_init(config, jax.random.key(3)), config, tiny_workdir.path / "tokenizer.json", out)
+    return export_hf(model_init(config, jax.random.key(3)), config, tiny_workdir.path / "tokenizer.json", out)
 
 
 def test_export_refuses_a_run_or_foreign_files_and_leaves_them_untouched(tiny_workdir, tmp_path):

@@ -86,8 +86,9 @@ def test_the_llama_block_sizes_and_refusals():
     with pytest.raises(SaffuError, match="block"):
         TransformerConfig(60, block="mamba")
     from saffu.interop.hf import exportable
-    with pytest.raises(SaffuError, match="gpt block"):
-        exportable(TransformerConfig(60, block="llama", output_bias=False))
+    exportable(TransformerConfig(60, block="llama", output_bias=False))                  # LlamaForCausalLM
+    with pytest.raises(SaffuError, match="no-output-bias"):
+        exportable(TransformerConfig(60, block="llama"))
     from saffu.models.transformer import transformer_attention
     with pytest.raises(SaffuError, match="rotary"):
         transformer_attention(params, CONFIG, jnp.ones((1, 6), jnp.int32))

@@ -183,8 +183,8 @@ def test_cli_trains_evaluates_and_scores_blimp_on_a_transformer(tiny_workdir, tm
 def test_greedy_generation_continues_the_prompt_as_a_whole_sequence_forward_does(tiny_workdir, kind):
     """``generate(..., prompt=P, top_k=1)`` — the transformer through its key/value cache, SAFFU
     by a window of its context — against a float64 greedy reference that feeds the whole
-    ``<eod> P …`` sequence to the model each step and takes the best non-``<pad>`` token: the
-    same text."""
+    ``<eod> P …`` sequence to the model each step, its ``<eod>`` at position ``context − 1`` (where
+    evaluation puts a document start), and takes the best non-``<pad>`` token: the same text."""
     from saffu.data.tokenizer import decode
     from saffu.eval.scoring import cached, generate
     V = tiny_workdir.vocab_size
@@ -196,8 +196,9 @@ def test_greedy_generation_continues_the_prompt_as_a_whole_sequence_forward_does
     sequence = [EOD_ID, *tokenizer.encode(prompt).ids]
     forward = jax.jit(lambda tokens: model_logits(config, params, tokens))     # one shape: compiled once
     for _ in range(6):
-        padded = sequence + [PAD_ID] * (16 - len(sequence))                   # causal: the pads come after
-        logits = np.asarray(forward(jnp.asarray([padded], jnp.int32)), np.float64)[0, len(sequence) - 1]
+        lead = [PAD_ID] * (config.context - 1)
+        padded = lead + sequence + [PAD_ID] * (16 - len(sequence))            # causal: the pads after are unseen
+        logits = np.asarray(forward(jnp.asarray([padded], jnp.int32)), np.float64)[0, len(lead) + len(sequence) - 1]
         logits[PAD_ID] = -np.inf
         token = int(np.argmax(logits))
         if token == EOD_ID:
@@ -226,6 +227,13 @@ def test_the_key_value_cache_gives_the_whole_sequence_logits():
             logits, cache = step(params, config, cache, tokens[:, t])
             rows.append(np.asarray(logits))
         np.testing.assert_allclose(np.stack(rows, 1), np.asarray(model_logits(config, params, tokens)), atol=1e-5)
+    # a cache that starts at position 3: the forward of the same tokens behind 3 unseen pads
+    cache, rows = decode_cache(config, 2, start=3), []
+    for t in range(tokens.shape[1] - 3):
+        logits, cache = step(params, config, cache, tokens[:, t])
+        rows.append(np.asarray(logits))
+    behind = jnp.concatenate([jnp.full((2, 3), PAD_ID, jnp.int32), tokens[:, :-3]], axis=1)
+    np.testing.assert_allclose(np.stack(rows, 1), np.asarray(model_logits(config, params, behind))[:, 3:], atol=1e-5)
     with pytest.raises(SaffuError, match="dense transformer"):
         decode_step(params, TransformerConfig(50, width=16, layers=1, heads=2, context_tokens=4, max_len=16,
                                               ffn="lowrank"), cache, tokens[:, 0])

@@ -94,9 +94,10 @@ def _cached_samples(params: Params, config, top_k: int, steps: int, start: jax.A
                     temperature: jax.Array) -> jax.Array:
     """``steps`` sampled tokens ``int32[B, steps]`` after ``start int32[B, S]`` with the
     transformer's key/value cache (:func:`saffu.models.transformer.decode_step`): the start read
-    in one scan, then one position per new token, all in one executable (no host read per token)."""
+    in one scan from position ``context − 1`` (where evaluation puts a document's ``<eod>``), then
+    one position per new token, all in one executable (no host read per token)."""
     from saffu.models.transformer import decode_cache, decode_step
-    cache = decode_cache(config, start.shape[0])
+    cache = decode_cache(config, start.shape[0], config.context - 1)
     read = lambda cache, tokens: decode_step(params, config, cache, tokens)[::-1]    # (cache, logits)
     cache, logits = jax.lax.scan(read, cache, start.T)
 
@@ -112,9 +113,10 @@ def _cached_samples(params: Params, config, top_k: int, steps: int, start: jax.A
 
 def cached(config, positions: int) -> bool:
     """Whether :func:`generate` samples ``config`` with the key/value cache: a dense transformer
-    whose ``max_len`` holds the ``positions`` (start and new tokens); else by whole windows."""
+    whose ``max_len`` holds the ``positions`` (start and new tokens) after its ``context − 1``
+    leading ones; else by whole windows."""
     return (getattr(config, "kind", None) == "transformer" and config.ffn == "dense" and not config.guide_share
-            and positions <= config.max_len)
+            and config.context - 1 + positions <= config.max_len)
 
 
 def generate(params: Params, config: SaffuConfig, tokenizer, key: jax.Array,

@@ -1,20 +1,28 @@
-"""A trained saffu transformer as a Hugging Face GPT-2 checkpoint (``saffu export``).
+"""A trained saffu transformer as a Hugging Face checkpoint (``saffu export``): the gpt block
+as ``GPT2LMHeadModel``, the llama block as ``LlamaForCausalLM``.
 
-saffu's transformer is GPT-2's architecture (pre-norm blocks, learned absolute positions,
-``gelu_new`` MLP, biased attention projections, a final LayerNorm) with two differences:
+The gpt block is GPT-2's architecture (pre-norm blocks, learned absolute positions, ``gelu_new``
+MLP, biased attention projections, a final LayerNorm); the llama block is Llama's (RMSNorm,
+rotary positions in the rotate-half layout, SwiGLU, no biases). The differences:
 
-* its output layer is untied and, by default, has a bias. GPT-2 has no output bias, so only a
-  run trained with ``--no-output-bias`` exports; its untied output becomes ``lm_head.weight``
-  with ``tie_word_embeddings = false``.
-* its attention never crosses an ``<eod>`` inside a window; GPT-2's is plainly causal. They
-  agree on every window that holds one document (how BabyLM's evaluation scores sentences).
+* saffu's output layer is untied and may have a bias. Neither architecture has an output bias,
+  so a run trained with an output bias does not export (train with ``--no-output-bias``); the
+  untied output becomes ``lm_head.weight`` with ``tie_word_embeddings = false``.
+* saffu reads a document from position ``context − 1`` (its ``<eod>`` there, the first position
+  training predicts from; :mod:`saffu.eval.blimp`, :mod:`saffu.eval.continuations`,
+  ``saffu generate``); Hugging Face from position 0. The gpt block's position table is written
+  from row ``context − 1`` on (``n_positions = max_len − context + 1``), so a text read from
+  position 0 there gets saffu's logits; rotary positions need no shift (only distances count).
+* saffu's attention never crosses an ``<eod>`` inside a window; Hugging Face's is plainly
+  causal. They agree on every input that holds one document (how BabyLM's evaluation scores).
 
-The checkpoint is ``config.json``, ``model.safetensors`` (PyTorch names, ``Conv1D`` weights
-stored ``[in, out]`` as GPT-2 does), ``generation_config.json`` and the tokenizer files
+The checkpoint is ``config.json``, ``model.safetensors`` (PyTorch names; GPT-2's ``Conv1D``
+weights stored ``[in, out]``), ``generation_config.json`` and the tokenizer files
 (``tokenizer.json``, ``tokenizer_config.json``, ``special_tokens_map.json``; the tokenizer puts
 ``<eod>`` in front of a text, as saffu reads every document after one), loadable by
-``transformers.AutoModelForCausalLM.from_pretrained(DIR)``. :func:`gpt2_logits` is an
-independent float64 NumPy forward of that architecture (the round trip's reference).
+``transformers.AutoModelForCausalLM.from_pretrained(DIR)``. :func:`gpt2_logits` and
+:func:`llama_logits` are independent float64 NumPy forwards of the two architectures (the round
+trip's references).
 """
 
 from __future__ import annotations
@@ -28,9 +36,12 @@ import numpy as np
 
 from saffu._io import FILE_MODE, SaffuError, atomic_write_json, probe_writable
 from saffu.data.tokenizer import EOD_ID, EOD_TOKEN, PAD_ID, PAD_TOKEN
+from saffu.models.transformer import ROPE_BASE
 
 #: nnx.LayerNorm's epsilon, written as GPT-2's ``layer_norm_epsilon``.
 LAYER_NORM_EPSILON = 1e-6
+#: nnx.RMSNorm's epsilon, written as Llama's ``rms_norm_eps``.
+RMS_NORM_EPSILON = 1e-6
 
 
 def exportable(config) -> None:
@@ -41,18 +52,27 @@ def exportable(config) -> None:
     if config.kind != "transformer":
         raise SaffuError(f"a {config.kind} run has no Hugging Face architecture; export a transformer run")
     if config.output_bias:
-        raise SaffuError("this transformer's output layer has a bias, which GPT-2 lacks; train it with "
+        raise SaffuError("this transformer's output layer has a bias, which GPT-2 and Llama lack; train it with "
                          "--no-output-bias to export it")
-    if config.block != "gpt":
-        raise SaffuError(f"the {config.block} block is not GPT-2's; saffu exports the gpt block (--block gpt)")
     if config.ffn != "dense" or config.guide_share:
-        raise SaffuError(f"a structured MLP (--ffn {config.ffn}) has no GPT-2 form; export a dense transformer")
+        raise SaffuError(f"a structured MLP (--ffn {config.ffn}) has no Hugging Face form; export a dense transformer")
+
+
+def hf_config(config) -> dict:
+    """``config.json`` of the Hugging Face model of ``config``'s block and shape."""
+    return gpt2_config(config) if config.block == "gpt" else llama_config(config)
+
+
+def hf_state(params, config) -> dict[str, np.ndarray]:
+    """saffu transformer params → the Hugging Face ``state_dict`` arrays of its block (float32)."""
+    return gpt2_state(params, config) if config.block == "gpt" else llama_state(params, config)
 
 
 def gpt2_config(config) -> dict:
     """``config.json`` of a GPT-2 with ``config``'s shape (:class:`saffu.configs.TransformerConfig`)."""
+    positions = config.max_len - config.context + 1        # saffu's rows context − 1 … max_len − 1
     return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": config.vocab_size,
-            "n_positions": config.max_len, "n_ctx": config.max_len, "n_embd": config.width,
+            "n_positions": positions, "n_ctx": positions, "n_embd": config.width,
             "n_layer": config.layers, "n_head": config.heads, "n_inner": config.mlp_ratio * config.width,
             "activation_function": "gelu_new", "layer_norm_epsilon": LAYER_NORM_EPSILON,
             "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "scale_attn_weights": True,
@@ -61,11 +81,12 @@ def gpt2_config(config) -> dict:
 
 
 def gpt2_state(params, config) -> dict[str, np.ndarray]:
-    """saffu transformer params → GPT-2 ``state_dict`` arrays (float32, PyTorch names)."""
+    """saffu transformer params → GPT-2 ``state_dict`` arrays (float32, PyTorch names); the
+    position table from saffu's row ``context − 1`` (a document's ``<eod>``) on."""
     d = config.width
     f32 = lambda x: np.ascontiguousarray(np.asarray(x, np.float32))
     state = {"transformer.wte.weight": f32(params["embed"]["embedding"]),
-             "transformer.wpe.weight": f32(params["positions"]),
+             "transformer.wpe.weight": f32(np.asarray(params["positions"])[config.context - 1:]),
              "transformer.ln_f.weight": f32(params["final_norm"]["scale"]),
              "transformer.ln_f.bias": f32(params["final_norm"]["bias"]),
              "lm_head.weight": f32(np.asarray(params["output"]["kernel"]).T)}
@@ -87,6 +108,45 @@ def gpt2_state(params, config) -> dict[str, np.ndarray]:
             f"{name}.mlp.c_fc.bias": f32(block["mlp_in"]["bias"]),
             f"{name}.mlp.c_proj.weight": f32(block["mlp_out"]["kernel"]),
             f"{name}.mlp.c_proj.bias": f32(block["mlp_out"]["bias"]),
+        })
+    return state
+
+
+def llama_config(config) -> dict:
+    """``config.json`` of a Llama with ``config``'s shape (the llama block of :class:`saffu.configs.TransformerConfig`)."""
+    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": config.vocab_size,
+            "hidden_size": config.width, "intermediate_size": config.mlp_hidden, "num_hidden_layers": config.layers,
+            "num_attention_heads": config.heads, "num_key_value_heads": config.heads,
+            "head_dim": config.width // config.heads, "hidden_act": "silu", "max_position_embeddings": config.max_len,
+            "rms_norm_eps": RMS_NORM_EPSILON, "rope_theta": ROPE_BASE,
+            "rope_parameters": {"rope_type": "default", "rope_theta": ROPE_BASE},
+            "attention_bias": False, "mlp_bias": False, "attention_dropout": 0.0, "tie_word_embeddings": False,
+            "bos_token_id": EOD_ID, "eos_token_id": EOD_ID, "pad_token_id": PAD_ID, "torch_dtype": "float32"}
+
+
+def llama_state(params, config) -> dict[str, np.ndarray]:
+    """saffu llama-block params → Llama ``state_dict`` arrays (float32, PyTorch names: ``nn.Linear``
+    weights stored ``[out, in]``)."""
+    d = config.width
+    f32 = lambda x: np.ascontiguousarray(np.asarray(x, np.float32))
+    linear = lambda layer: f32(np.asarray(layer["kernel"]).T)
+    state = {"model.embed_tokens.weight": f32(params["embed"]["embedding"]),
+             "model.norm.weight": f32(params["final_norm"]["scale"]),
+             "lm_head.weight": linear(params["output"])}
+    for i in range(config.layers):
+        block, name = params["blocks"][i], f"model.layers.{i}"
+        attention = block["attention"]
+        projection = lambda key, attention=attention: f32(np.asarray(attention[key]["kernel"]).reshape(d, d).T)
+        state.update({
+            f"{name}.input_layernorm.weight": f32(block["attention_norm"]["scale"]),
+            f"{name}.self_attn.q_proj.weight": projection("query"),
+            f"{name}.self_attn.k_proj.weight": projection("key"),
+            f"{name}.self_attn.v_proj.weight": projection("value"),
+            f"{name}.self_attn.o_proj.weight": f32(np.asarray(attention["out"]["kernel"]).reshape(d, d).T),
+            f"{name}.post_attention_layernorm.weight": f32(block["mlp_norm"]["scale"]),
+            f"{name}.mlp.gate_proj.weight": linear(block["mlp_gate"]),
+            f"{name}.mlp.up_proj.weight": linear(block["mlp_in"]),
+            f"{name}.mlp.down_proj.weight": linear(block["mlp_out"]),
         })
     return state
 
@@ -132,7 +192,7 @@ def _tokenizer_with_leading_eod(tokenizer_json: str | Path) -> dict:
     return tokenizer
 
 
-def export_gpt2(params, config, tokenizer_json: str | Path, out: str | Path) -> dict:
+def export_hf(params, config, tokenizer_json: str | Path, out: str | Path) -> dict:
     """Write the checkpoint (see the module docstring) to ``out``; returns what was written.
 
     The files are written into a private folder beside ``out`` and moved into place at the end
@@ -144,19 +204,19 @@ def export_gpt2(params, config, tokenizer_json: str | Path, out: str | Path) -> 
     check_out(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     probe_writable(out, "--out", directory=True)
-    state = gpt2_state(params, config)
+    state = hf_state(params, config)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.export-") as tmp:
         staging = Path(tmp) / "export"
         staging.mkdir()
         save_file(state, str(staging / "model.safetensors"), metadata={"format": "pt"})
-        atomic_write_json(staging / "config.json", gpt2_config(config))
+        atomic_write_json(staging / "config.json", hf_config(config))
         atomic_write_json(staging / "generation_config.json", {"bos_token_id": EOD_ID, "eos_token_id": EOD_ID,
                                                                "pad_token_id": PAD_ID})
         atomic_write_json(staging / "tokenizer.json", _tokenizer_with_leading_eod(tokenizer_json))
         specials = {"bos_token": EOD_TOKEN, "eos_token": EOD_TOKEN, "pad_token": PAD_TOKEN}   # byte-level BPE: no unknowns
         atomic_write_json(staging / "special_tokens_map.json", specials)
         atomic_write_json(staging / "tokenizer_config.json", {"tokenizer_class": "PreTrainedTokenizerFast",
-                                                              "model_max_length": config.max_len,
+                                                              "model_max_length": config.max_len - config.context + 1,
                                                               "add_prefix_space": False, **specials})
         for path in staging.iterdir():
             path.chmod(FILE_MODE)
@@ -164,7 +224,7 @@ def export_gpt2(params, config, tokenizer_json: str | Path, out: str | Path) -> 
         if out.exists():
             out.replace(Path(tmp) / "earlier")       # removed with the temporary folder
         staging.replace(out)
-    return {"out": str(out), "architecture": "GPT2LMHeadModel", "tensors": len(state),
+    return {"out": str(out), "architecture": hf_config(config)["architectures"][0], "tensors": len(state),
             "parameters": int(sum(v.size for v in state.values())), "files": sorted(p.name for p in out.iterdir())}
 
 
@@ -203,6 +263,43 @@ def gpt2_logits(state: dict[str, np.ndarray], config: dict, tokens: np.ndarray) 
             + p("mlp.c_proj.bias")
     x = _layer_norm(x, s["transformer.ln_f.weight"], s["transformer.ln_f.bias"], eps)
     return x @ s["lm_head.weight"].T
+
+
+def _rms_norm(x, weight, eps):
+    return x / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps) * weight
+
+
+def _rotate_half(x, positions, theta):
+    """Llama's rotary embedding of ``x [B, H, S, k]`` at ``positions [S]`` (the rotate-half layout)."""
+    half = x.shape[-1] // 2
+    angles = positions[:, None] * theta ** (-np.arange(half) / half)[None]                     # [S, k/2]
+    cos, sin = np.cos(np.concatenate([angles, angles], -1)), np.sin(np.concatenate([angles, angles], -1))
+    return x * cos + np.concatenate([-x[..., half:], x[..., :half]], -1) * sin
+
+
+def llama_logits(state: dict[str, np.ndarray], config: dict, tokens: np.ndarray) -> np.ndarray:
+    """Llama's forward in float64 NumPy from a checkpoint's arrays and ``config.json``:
+    ``int[B, S] -> float64[B, S, V]`` (plain causal attention, positions ``0 … S − 1``)."""
+    s = {k: np.asarray(v, np.float64) for k, v in state.items()}
+    B, S = tokens.shape
+    d, heads, eps = config["hidden_size"], config["num_attention_heads"], config["rms_norm_eps"]
+    hd = d // heads
+    x = s["model.embed_tokens.weight"][tokens]
+    causal = np.tril(np.ones((S, S), bool))
+    split = lambda t: t.reshape(B, S, heads, hd).transpose(0, 2, 1, 3)
+    for i in range(config["num_hidden_layers"]):
+        p = lambda n, i=i: s[f"model.layers.{i}.{n}"]
+        h = _rms_norm(x, p("input_layernorm.weight"), eps)
+        q, k, v = (split(h @ p(f"self_attn.{n}_proj.weight").T) for n in "qkv")
+        q, k = (_rotate_half(t, np.arange(S, dtype=np.float64), config["rope_theta"]) for t in (q, k))
+        scores = np.where(causal, q @ k.transpose(0, 1, 3, 2) / math.sqrt(hd), -np.inf)
+        weights = np.exp(scores - scores.max(-1, keepdims=True))
+        weights /= weights.sum(-1, keepdims=True)
+        x = x + (weights @ v).transpose(0, 2, 1, 3).reshape(B, S, d) @ p("self_attn.o_proj.weight").T
+        h = _rms_norm(x, p("post_attention_layernorm.weight"), eps)
+        gate = h @ p("mlp.gate_proj.weight").T
+        x = x + (gate / (1 + np.exp(-gate)) * (h @ p("mlp.up_proj.weight").T)) @ p("mlp.down_proj.weight").T
+    return _rms_norm(x, s["model.norm.weight"], eps) @ s["lm_head.weight"].T
 
 
 def load_checkpoint(path: str | Path) -> tuple[dict[str, np.ndarray], dict]:

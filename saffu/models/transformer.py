@@ -444,15 +444,16 @@ def _rms_norm(p: Params, x: jax.Array, epsilon: float = 1e-6) -> jax.Array:
     return x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + epsilon) * p["scale"][None]
 
 
-def decode_cache(config: TransformerConfig, batch: int) -> Params:
+def decode_cache(config: TransformerConfig, batch: int, start: int = 0) -> Params:
     """An empty key/value cache of ``batch`` sequences of up to ``config.max_len`` tokens:
     ``keys``, ``values`` ``float32[L, B, max_len, H, d/H]``, ``documents int32[B, max_len]`` (the
     document index of each cached position: ``<eod>``s up to it), ``document int32[B]`` (the
-    current one) and ``length int32[]`` (positions filled)."""
+    current one) and ``length int32[]`` (the next position: ``start``, the first token's position;
+    the positions before it hold nothing a token can see)."""
     shape = (config.layers, batch, config.max_len, config.heads, config.width // config.heads)
     return {"keys": jnp.zeros(shape, jnp.float32), "values": jnp.zeros(shape, jnp.float32),
             "documents": jnp.zeros((batch, config.max_len), jnp.int32), "document": jnp.zeros((batch,), jnp.int32),
-            "length": jnp.zeros((), jnp.int32)}
+            "length": jnp.asarray(start, jnp.int32)}
 
 
 def decode_step(params: Params, config: TransformerConfig, cache: Params, tokens: jax.Array) -> tuple[jax.Array, Params]:
