@@ -16,8 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
+from saffu._io import SaffuError
 from saffu.configs import EVAL_SEQ_LEN
-from saffu.data.tokenizer import PAD_ID
+from saffu.data.tokenizer import EOD_ID, PAD_ID
 
 
 def window_at(stream: np.ndarray, first_target: int, end: int, context: int, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
@@ -109,24 +110,66 @@ def range_windows(stream: np.ndarray, ranges: list[tuple[int, int]], context: in
         yield stack_windows(stream, [s for s, _ in batch], [e for _, e in batch], context, width, batch_size)
 
 
+def document_ranges(stream: np.ndarray, ranges: list[tuple[int, int]], seq_len: int) -> list[tuple[int, int]]:
+    """``ranges`` (target ranges of whole documents: the token before each ``begin`` is an
+    ``<eod>``) cut at document starts into runs of consecutive whole documents of at most
+    ``seq_len`` targets each (a document and its closing ``<eod>``); a longer document is a
+    range of its own. A window of :func:`window_plan` then starts at a document start (its
+    ``<eod>`` the last context token) or, inside a long document, ``seq_len`` targets after the
+    previous window of that document: where a document sits no longer depends on its neighbours."""
+    out = []
+    for begin, end in ranges:
+        starts = begin + np.flatnonzero(np.asarray(stream[begin - 1:end - 1]) == EOD_ID)
+        if not len(starts) or starts[0] != begin:
+            raise SaffuError(f"target range [{begin}, {end}) does not begin at a document start")
+        bounds = np.append(starts, end)
+        run = int(bounds[0])
+        for here, after in itertools.pairwise(bounds):
+            if after - run > seq_len and here > run:        # the run is full: a new one from this document
+                out.append((run, int(here)))
+                run = int(here)
+            if after - here > seq_len:                      # a long document: a range of its own
+                out.append((int(here), int(after)))
+                run = int(after)
+        if end > run:
+            out.append((run, int(end)))
+    return out
+
+
+def document_positions(windows: np.ndarray, context: int) -> np.ndarray:
+    """Each token's position ``int32[B, S]`` in windows of :func:`document_ranges`: a document
+    whose ``<eod>`` is at or after index ``context − 1`` counts from there, its ``<eod>`` at
+    ``context − 1`` (where saffu reads every document from); anything else (the context before,
+    the continuation of a long document) keeps its index in the window."""
+    index = np.arange(windows.shape[1])[None]
+    last = np.maximum.accumulate(np.where(windows == EOD_ID, index, -1), axis=1)
+    return np.where(last >= context - 1, context - 1 + index - last, index).astype(np.int32)
+
+
 def total_nll(loss_fn: Callable, stream: np.ndarray, ranges: list[tuple[int, int]], context: int,
               seq_len: int = EVAL_SEQ_LEN, batch_size: int = 16, progress: str | None = None,
-              tight: bool = True) -> tuple[float, int]:
+              tight: bool = True, positioned: bool = False) -> tuple[float, int]:
     """Sum a jitted ``loss_fn(windows int32[B, R + T'], mask bool[B, T']) -> (nll_sum, count)``
     over the targets of every ``[begin, end)`` of ``ranges``, in the batches of
     :func:`window_plan` (``tight``: a short range's last window shortened; ``loss_fn`` must
-    take any ``T' ≤ seq_len``).
+    take any ``T' ≤ seq_len``). With ``positioned`` (a model that reads absolute positions),
+    the windows start at documents (:func:`document_ranges`) and ``loss_fn`` takes their
+    :func:`document_positions` as a third argument: every document is scored from the same
+    positions wherever it sits in the split.
 
     Returns ``(total NLL in nats, number of targets)``; sums are float64 on the host. The
     result of a batch is read back only after the next batch is dispatched, so the host
     prepares windows while the device computes.
     """
+    if positioned:
+        ranges = document_ranges(stream, ranges, seq_len)
     total, count = 0.0, 0
     num_batches = len(window_plan(ranges, seq_len, batch_size, tight))
     pending = None
     for windows, mask in tqdm(range_windows(stream, ranges, context, seq_len, batch_size, tight),
                               total=num_batches, desc=progress, disable=progress is None, leave=False):
-        result = loss_fn(jnp.asarray(windows), jnp.asarray(mask))
+        extra = (jnp.asarray(document_positions(windows, context)),) if positioned else ()
+        result = loss_fn(jnp.asarray(windows), jnp.asarray(mask), *extra)
         if pending is not None:
             total += float(pending[0])
             count += int(pending[1])

@@ -18,7 +18,7 @@ from saffu.data.tokenizer import EOD_ID, PAD_ID, decode
 from saffu.data.windows import total_nll
 from saffu.data.workdir import WorkDir
 from saffu.eval.metrics import split_metrics
-from saffu.models.interface import model_logits, target_loss
+from saffu.models.interface import model_logits, positional, target_loss
 from saffu.models.saffu import Params, SaffuConfig
 
 #: Windows per evaluation call: ``2 × (context + eval_seq_len)`` positions, whose float32
@@ -51,16 +51,21 @@ def evaluate_split(params: Params, config: SaffuConfig, workdir: WorkDir, split:
     saves enough, :func:`saffu.data.windows.window_plan`), with the output layer at predicting
     positions only and no log-softmax array (:func:`saffu.models.interface.target_loss`); for a
     SAFFU stack on CPU nearly all of it is the ``V``-wide output matmul. A document's scores do
-    not depend on what precedes it (SAFFU windows and the transformer's attention stop at
-    ``<eod>``), so a sample scores each document exactly as the whole split does.
+    not depend on what precedes it or where it sits (SAFFU windows and the transformer's
+    attention stop at ``<eod>``; a transformer's windows start at documents and give every
+    document's tokens the positions they have from its ``<eod>`` at ``context − 1``, a long
+    document continuing in windows of ``eval_seq_len`` targets behind ``context`` of its own
+    tokens: :func:`saffu.data.windows.document_ranges`), so a sample scores each document
+    exactly as the whole split does.
     """
     if max_tokens is not None and max_tokens < 0:
         raise SaffuError(f"--eval-tokens must be ≥ 0 (0: whole splits), got {max_tokens}")
     stream = workdir.tokens(split)
     ranges, info = workdir.sample_documents(split, max_tokens or len(stream))
-    loss = functools.partial(_window_loss, params, config)
+    positioned = positional(config)
+    loss = lambda windows, mask, *positions: _window_loss(params, config, windows, mask, None, *positions)
     nll, count = total_nll(loss, stream, ranges, config.context, config.eval_seq_len, batch_size,
-                           progress=f"eval {split}" if progress else None)
+                           progress=f"eval {split}" if progress else None, positioned=positioned)
     if count != info["predicted_tokens"]:
         raise SaffuError(f"scored {count} targets of {split} but expected {info['predicted_tokens']}; "
                          f"the work directory is damaged, run `saffu prepare` again")

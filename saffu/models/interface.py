@@ -216,27 +216,31 @@ def target_nll(params: Params, config, windows: jax.Array, mask: jax.Array, cont
 
 
 def target_loss(params: Params, config, windows: jax.Array, mask: jax.Array,
-                dropout: transformer.Dropout | None = None) -> tuple[jax.Array, jax.Array]:
+                dropout: transformer.Dropout | None = None,
+                positions: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """Summed NLL (nats, ``float32[]``) and target count (``int32[]``) of :func:`target_nll`'s
     windows ``int32[B, R + T]`` with ``mask bool[B, T]``: :func:`window_loss`'s values, for training and scoring.
 
     A transformer's output layer and cross-entropy run fused, chunk by chunk
     (:func:`saffu.models.fused_loss.linear_nll_sum`: no ``B × T × V`` logits; under
     differentiation the gradient comes with the loss); the values are the same up to float32
-    rounding. ``dropout``: a training step's residual dropout (the transformer only)."""
+    rounding. ``dropout``: a training step's residual dropout (the transformer only);
+    ``positions int32[B, R + T]``: each token's position, for a :func:`positional` model (as in
+    :func:`target_logits`)."""
     if dropout is not None and _kind(config) != "transformer":
         raise SaffuError(f"dropout is a transformer's; a {_kind(config)} model trains without it (--dropout 0)")
     if _kind(config) == "transformer":
         context = config.context
         h = transformer.transformer_features(params, config, windows[:, :-1], predict_from=context - 1,
-                                             dropout=dropout)
+                                             dropout=dropout,
+                                             positions=None if positions is None else positions[:, :-1])
         output = params["output"]
         kernel = output["kernel"]
         bias = output.get("bias", jnp.zeros(kernel.shape[1], kernel.dtype))
         nll = linear_nll_sum(h.reshape(-1, h.shape[-1]), kernel, bias, windows[:, context:].reshape(-1),
                              mask.reshape(-1).astype(jnp.float32))
         return nll, jnp.sum(mask)
-    return jnp.sum(target_nll(params, config, windows, mask)), jnp.sum(mask)
+    return jnp.sum(target_nll(params, config, windows, mask, positions=positions)), jnp.sum(mask)
 
 
 def parameter_count(params: Params) -> int:
