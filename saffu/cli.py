@@ -253,7 +253,16 @@ def cmd_train(args) -> dict:
                                                     f"train_loss {r['train_loss']:.4f}  {r['seconds']:.1f} s"))
     mesh = (data_parallel_mesh() if args.num_processes > 1 else
             data_parallel_mesh(args.devices or None) if args.devices != 1 else None)
-    config, params, figures = recipes.train_run(workdir, run, config, params, train_config, mesh, show, not args.quiet)
+    explicit_pass = start.init == "explicit" or start.residual is not None
+    if writer:          # how the run was trained, for its model card (the latest command that trained it)
+        import shlex
+
+        from saffu._io import atomic_write_json
+        command = "saffu " + shlex.join(sys.argv[1:] if args.argv is None else args.argv)
+        atomic_write_json(run / "train.json", {"command": command, "start": dataclasses.asdict(start),
+                                               "train": dataclasses.asdict(train_config)})
+    config, params, figures = recipes.train_run(workdir, run, config, params, train_config, mesh, show, not args.quiet,
+                                                explicit_pass)
     if args.num_processes > 1:        # every process is done with collectives
         from saffu.engine.distributed import leave
         leave()
@@ -284,11 +293,20 @@ def cmd_init_weights(args) -> dict:
 
 
 def cmd_export(args) -> dict:
-    from saffu.interop.hf import export_hf, exportable
-    from saffu.training.checkpoints import load_run_config
+    from saffu.interop.hf import export_hf, exportable, model_card
+    from saffu.training.checkpoints import check_inputs, load_params_at, load_run_config, parse_words
     exportable(load_run_config(args.run))
-    _, config, params, which = _load_run(args)
-    metrics = {**export_hf(params, config, Path(args.workdir) / "tokenizer.json", args.out), "weights": which}
+    if args.step is not None or args.words is not None:
+        if args.step is not None and args.words is not None:
+            raise SaffuError("give --step or --words, not both")
+        workdir = _workdir(args)
+        config = check_inputs(args.run, workdir)
+        params, which = load_params_at(args.run, config, args.step,
+                                       None if args.words is None else parse_words(args.words))
+    else:
+        workdir, config, params, which = _load_run(args)
+    card = model_card(args.run, workdir, config, which)
+    metrics = {**export_hf(params, config, Path(args.workdir) / "tokenizer.json", args.out, card), "weights": which}
     metrics["files"] = ",".join(metrics["files"])
     return _print_metrics(f"exported {args.run} ({which} weights) to {args.out}", metrics)
 

@@ -256,6 +256,10 @@ class TrainConfig:
         (the parameters, the optimizer state and the loss stay float32).
       dropout: the transformer's residual dropout in training steps (on the embedded input and
         on every block's attention and MLP outputs; 0: none; evaluation never drops).
+      words_unit: the parameters are also kept when the whitespace words of training text
+        consumed first reach 1, 2, …, 10 and then every 10 × ``words_unit`` (BabyLM's
+        checkpoints: ``1_000_000``; an explicit start's statistics pass counts as one pass over
+        the data; 0: none), in ``RUN/words`` (:mod:`saffu.training.checkpoints`).
     """
 
     steps: int = 0
@@ -276,8 +280,11 @@ class TrainConfig:
     log_every: int = 20
     compute_dtype: str = "float32"
     dropout: float = 0.0
+    words_unit: int = 1_000_000
 
     def __post_init__(self):
+        if self.words_unit < 0:
+            raise SaffuError(f"words_unit must be ≥ 0 (0: no checkpoints by words seen), got {self.words_unit}")
         if not 0.0 <= self.dropout < 1.0:
             raise SaffuError(f"dropout must be in [0, 1), got {self.dropout}")
         if self.on_nonfinite not in ("stop", "skip"):

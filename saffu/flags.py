@@ -169,7 +169,8 @@ TRANSFORMER = ("width", "layers", "heads", "mlp_ratio", "context_tokens", "max_l
                "guide_share", "output_bias", "block")
 TRANSFORMER_RENAME = {"heads": "--attention-heads", "context_tokens": "--context", "guide_share": "--self-guided"}
 TRAIN = ("steps", "batch_size", "seq_len", "learning_rate", "warmup_steps", "weight_decay", "adam_eps", "eval_every",
-         "checkpoint_every", "seed", "freeze", "thaw_step", "on_nonfinite", "log_every", "compute_dtype", "dropout")
+         "checkpoint_every", "seed", "freeze", "thaw_step", "on_nonfinite", "log_every", "compute_dtype", "dropout",
+         "words_unit")
 FACTOR = ("mu", "column_power", "oversample", "power_iterations", "seed", "refine_steps", "refine_offsets",
           "refine_learning_rate", "buckets", "holdout_tokens", "chunk_size")
 EXACT = ("groups", "mu", "buckets", "bucket_by", "smoothing", "nested", "holdout_tokens", "chunk_size")
@@ -402,10 +403,14 @@ def _init_weights_flags(p) -> None:
 def _export_flags(p) -> None:
     """a trained transformer run as a Hugging Face checkpoint (GPT-2 or Llama)
 
-    Write a transformer run (trained with --no-output-bias) as config.json, model.safetensors and the
-    tokenizer files of a checkpoint that transformers loads: GPT2LMHeadModel for the gpt block,
-    LlamaForCausalLM for the llama block."""
+    Write a transformer run (trained with --no-output-bias) as config.json, model.safetensors, the
+    tokenizer files and a model card (README.md) of a checkpoint that transformers loads:
+    GPT2LMHeadModel for the gpt block, LlamaForCausalLM for the llama block. --step or --words picks
+    an earlier checkpoint."""
     add_checkpoint_flags(p)
+    p.add_argument("--step", type=int, help="the weights at this training step (a kept checkpoint)")
+    p.add_argument("--words", help="the weights kept when training first reached this many words (1M, 2M, …; "
+                                   "see RUN/words.json)")
     p.add_argument("--out", type=Path, required=True, help="checkpoint folder to write")
 
 

@@ -410,3 +410,37 @@ def test_export_files_are_plain_readable_and_replace_an_earlier_export(tiny_work
     theirs = Tokenizer.from_file(str(tmp_path / "hf" / "tokenizer.json"))
     text = "the cat sat on the mat ."
     assert theirs.encode(text).ids == [EOD_ID, *ours.encode(text).ids]         # <eod> first, as saffu reads a text
+
+
+@pytest.mark.slow
+def test_checkpoints_by_words_seen_export_with_a_model_card(tiny_workdir, tmp_path, capsys):
+    """Training keeps the weights when the words consumed first reach each milestone (here in
+    units of 100 words: 100, 200, …); ``export --words`` and ``--step`` pick one, and the export's
+    README.md says what the model is."""
+    from saffu.training.checkpoints import words_index
+    args = ["--workdir", str(tiny_workdir.path), "--quiet"]
+    run = tmp_path / "run"
+    assert main(["train", *args, "--run", str(run), "--init", "random", "--model", "transformer", "--width", "16",
+                 "--layers", "1", "--attention-heads", "2", "--context", "4", "--max-len", "24", "--steps", "30",
+                 "--batch-size", "2", "--seq-len", "8", "--eval-tokens", "0", "--no-output-bias",
+                 "--words-unit", "100"]) == 0
+    split = tiny_workdir.meta["splits"][tiny_workdir.train_split]
+    per_step = 2 * 8 * split["words"] / (split["tokens"] - 1)
+    kept = words_index(run)
+    assert [m["words"] for m in kept] == [100 * k for k in range(1, int(30 * per_step // 100) + 1)]
+    for m in kept:       # the first step at which the words consumed reach the milestone
+        assert m["step"] * per_step >= m["words"] > (m["step"] - 1) * per_step
+    capsys.readouterr()
+    assert main(["export", *args, "--run", str(run), "--words", "200", "--out", str(tmp_path / "w200")]) == 0
+    card = (tmp_path / "w200" / "README.md").read_text()
+    assert f"checkpoint step {kept[1]['step']}" in card and "random init" in card and "--words-unit 100" in card
+    assert main(["export", *args, "--run", str(run), "--step", str(kept[0]["step"]), "--out", str(tmp_path / "s")]) == 0
+    state_words, _ = load_checkpoint(tmp_path / "w200")
+    state_step, _ = load_checkpoint(tmp_path / "s")
+    assert not np.allclose(state_words["lm_head.weight"], state_step["lm_head.weight"])    # two different steps
+    capsys.readouterr()
+    assert main(["export", *args, "--run", str(run), "--words", "5M", "--out", str(tmp_path / "x")]) != 0
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "keeps no checkpoint at 5M words" in error and "100, 200" in error
+    assert main(["export", *args, "--run", str(run), "--step", "7", "--out", str(tmp_path / "x")]) != 0
+    assert "keeps no checkpoint at step 7" in capsys.readouterr().err

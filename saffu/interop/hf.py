@@ -153,7 +153,57 @@ def llama_state(params, config) -> dict[str, np.ndarray]:
 
 #: The files of an export; a folder holding these alone is an earlier export, which a new one replaces.
 EXPORT_FILES = frozenset({"config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
-                          "tokenizer_config.json", "special_tokens_map.json"})
+                          "tokenizer_config.json", "special_tokens_map.json", "README.md"})
+
+
+def model_card(run: str | Path, workdir, config, weights: str) -> str:
+    """The export's ``README.md``: what the model is and how it was made, from the run's own
+    files (``config.json``, ``train.json``, ``metrics.jsonl``, ``words.json``, a ``result.json``
+    of ``--metrics-json``): data, words seen, start, tokenizer, training and its dev figures."""
+    run = Path(run)
+    read = lambda name: json.loads((run / name).read_text()) if (run / name).is_file() else None
+    record, trained = read("config.json") or {}, read("train.json")
+    history = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()] \
+        if (run / "metrics.jsonl").is_file() else []
+    words = read("words.json")
+    split = workdir.meta["splits"][workdir.train_split]
+    architecture = "GPT2LMHeadModel" if config.block == "gpt" else "LlamaForCausalLM"
+    lines = [f"# {run.name}: a saffu {config.block}-block transformer", "",
+             f"A language model trained with saffu and exported as a Hugging Face `{architecture}` "
+             f"({weights}).", "", "## Data", "",
+             f"- corpus: {record.get('corpus', workdir.meta.get('corpus', '?'))}, training split "
+             f"`{workdir.train_split}`: {split.get('words', 0):,} whitespace words, {split['tokens']:,} tokens, "
+             f"{split.get('documents', 0):,} documents",
+             f"- tokenizer: byte-level BPE of {config.vocab_size:,} tokens trained on that split; `<eod>` "
+             f"(id {EOD_ID}) opens every document and the tokenizer puts it in front of a text"]
+    if trained:
+        start, train = trained["start"], trained["train"]
+        lines += ["", "## Training", "",
+                  f"- start: {start.get('init')}" + (" (explicit, closed-form weights solved from the data's "
+                                                     "statistics: one pass over it)" if start.get("init") == "explicit"
+                                                     else " (random init)" if start.get("init") == "random" else ""),
+                  f"- AdamW: learning rate {train['learning_rate']:g} (warm-up {train['warmup_steps']} steps, "
+                  f"cosine), weight decay {train['weight_decay']:g}, dropout {train['dropout']:g}, "
+                  f"batch {train['batch_size']} × {train['seq_len']} tokens, seed {train['seed']}",
+                  f"- command: `{trained['command']}`"]
+    lines += ["", "## Model", "",
+              f"- width {config.width}, {config.layers} layers, {config.heads} heads, "
+              f"{config.context_tokens} tokens of context before the first prediction of a window"]
+    if history:
+        last = history[-1]
+        lines += ["", "## Figures", "", f"- trained {last['step']:,} steps, {last['tokens']:,} target tokens",
+                  f"- dev loss on evenly spaced windows at the last evaluation: {last['dev_loss']:.4f} nats/token"]
+    result = read("result.json")
+    if result and "dev_bpb" in result:
+        lines.append(f"- whole dev split: {result['dev_bpb']:.4f} bits per byte, {result['dev_loss']:.4f} nats/token")
+    if words and words["milestones"]:
+        kept = ", ".join(f"{m['label']} (step {m['step']:,})" for m in words["milestones"])
+        lines += ["", "## Checkpoints by words seen", "",
+                  f"- kept in the run (export one with `saffu export --words N`): {kept}"]
+    lines += ["", "## Use", "", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer",
+              "model = AutoModelForCausalLM.from_pretrained(PATH)", "tokenizer = AutoTokenizer.from_pretrained(PATH)",
+              "```", "", "Attention inside saffu never crosses an `<eod>`; give the model one document at a time.", ""]
+    return "\n".join(lines)
 
 
 def check_out(out: Path) -> None:
@@ -192,12 +242,13 @@ def _tokenizer_with_leading_eod(tokenizer_json: str | Path) -> dict:
     return tokenizer
 
 
-def export_hf(params, config, tokenizer_json: str | Path, out: str | Path) -> dict:
+def export_hf(params, config, tokenizer_json: str | Path, out: str | Path, card: str | None = None) -> dict:
     """Write the checkpoint (see the module docstring) to ``out``; returns what was written.
 
     The files are written into a private folder beside ``out`` and moved into place at the end
     (an earlier export there is replaced; anything else refused by :func:`check_out`), each
-    readable as the user's umask allows; no lock or temporary file is left in ``out``."""
+    readable as the user's umask allows; no lock or temporary file is left in ``out``. ``card``:
+    the model card written as ``README.md`` (:func:`model_card`)."""
     from safetensors.numpy import save_file
     exportable(config)
     out = Path(out)
@@ -218,6 +269,8 @@ def export_hf(params, config, tokenizer_json: str | Path, out: str | Path) -> di
         atomic_write_json(staging / "tokenizer_config.json", {"tokenizer_class": "PreTrainedTokenizerFast",
                                                               "model_max_length": config.max_len - config.context + 1,
                                                               "add_prefix_space": False, **specials})
+        if card is not None:
+            (staging / "README.md").write_text(card)
         for path in staging.iterdir():
             path.chmod(FILE_MODE)
         check_out(out)                               # still nothing but an earlier export there

@@ -2,9 +2,11 @@
 
 A run directory holds ``config.json`` (the model, the work directory it belongs to and the
 fingerprints of its inputs), ``explicit/`` (the explicit solution, if solved),
-``checkpoints/`` (orbax: step, params and optimizer state, the latest two) and
-``metrics.jsonl`` (one line per evaluation, if trained); a packed residual run also holds its
-exact model's run in ``exact/``.
+``checkpoints/`` (orbax: step, params and optimizer state, the latest two),
+``metrics.jsonl`` (one line per evaluation, if trained) and ``words/`` with ``words.json``
+(the parameters when the training words consumed first reached 1M, 2M, …, 10M and every 10M
+after: BabyLM's checkpoints, :func:`save_words`); a packed residual run also holds its exact
+model's run in ``exact/``.
 
 Pinned inputs: ``config.json`` records the work directory's fingerprint
 (:attr:`saffu.data.workdir.WorkDir.fingerprint`) and, for a solved run, the content
@@ -25,7 +27,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -306,6 +308,51 @@ def load_explicit(run_dir: str | Path, config, expect: str = "") -> Params:
     return params
 
 
+def load_params_at(run_dir: str | Path, config, step: int | None = None,
+                   words: int | None = None) -> tuple[Params, str]:
+    """The parameters of a transformer or SAFFU run at training ``step`` (a kept training
+    checkpoint or a words checkpoint) or at the milestone of ``words`` words (see
+    :func:`save_words`), and what was loaded; one error line naming what the run keeps otherwise."""
+    run_dir = Path(run_dir)
+    milestones = words_index(run_dir)
+    if words is not None:
+        match = [m for m in milestones if m["words"] == words]
+        if not match:
+            kept = ", ".join(m["label"] for m in milestones) or "none"
+            raise SaffuError(f"{run_dir} keeps no checkpoint at {words_label(words)} words (it keeps: {kept})")
+        step = match[0]["step"]
+    if not trainable(config) or config.kind == "residual":
+        raise SaffuError(f"a {config.kind} run is loaded whole (--checkpoint); --step and --words pick a trained "
+                         f"transformer's or SAFFU stack's checkpoints")
+    template = with_config_inputs(jax.eval_shape(lambda: model_init(config, jax.random.key(0))), config)
+    for folder in ("checkpoints", "words"):
+        directory = run_dir / folder
+        if not directory.is_dir():
+            continue
+        manager = checkpoint_manager(directory) if folder == "checkpoints" else words_manager(directory)
+        try:
+            if step in manager.all_steps():
+                seen = [m for m in milestones if m["step"] == step]
+                label = f"checkpoint step {step}" + (f" ({seen[0]['words_seen']:,} words)" if seen else "")
+                return retype(restore_here(manager, step)["params"], template), label
+        finally:
+            manager.close()
+    kept = sorted({*(m["step"] for m in milestones), *_training_steps(run_dir)})
+    raise SaffuError(f"{run_dir} keeps no checkpoint at step {step} (it keeps steps: "
+                     f"{', '.join(map(str, kept)) or 'none'})")
+
+
+def _training_steps(run_dir: Path) -> list[int]:
+    directory = run_dir / "checkpoints"
+    if not directory.is_dir():
+        return []
+    manager = checkpoint_manager(directory)
+    try:
+        return list(manager.all_steps())
+    finally:
+        manager.close()
+
+
 def load_params(run_dir: str | Path, config, which: str = "latest") -> tuple[Params, str]:
     """``which="latest"``: the last training checkpoint, else the explicit solution;
     ``which="explicit"``: the explicit solution. Returns the params and what was loaded.
@@ -341,6 +388,77 @@ def _step_array(step: int, params: Params) -> jax.Array:
     if jax.process_count() == 1:
         return jnp.asarray(step, jnp.int32)
     return put_global(np.asarray(step, np.int32), jax.tree.leaves(params)[0].sharding)
+
+
+class WordCount(NamedTuple):
+    """How many whitespace words of training text a run has consumed: ``before`` step 0 (an
+    explicit start's statistics pass: one pass over the data) plus ``per_token`` per trained
+    target token (the split's words over its targets, so an epoch of tokens is an epoch of words)."""
+
+    per_token: float
+    before: float = 0.0
+
+    def at(self, tokens: int) -> float:
+        """Words consumed after ``tokens`` trained target tokens."""
+        return self.before + self.per_token * tokens
+
+
+def word_milestones(unit: int, up_to: float) -> list[int]:
+    """BabyLM's checkpoint word counts up to ``up_to``: ``1, 2, …, 10`` then every ``10`` × ``unit``."""
+    if unit <= 0:
+        return []
+    out, count = [], unit
+    while count <= up_to:
+        out.append(count)
+        count += unit if count < 10 * unit else 10 * unit
+    return out
+
+
+def words_label(words: int) -> str:
+    """``1000000`` -> ``"1M"``, ``500000`` -> ``"500k"``, ``1500`` -> ``"1500"``."""
+    for size, suffix in ((1_000_000_000, "B"), (1_000_000, "M"), (1_000, "k")):
+        if words >= size and words % size == 0:
+            return f"{words // size}{suffix}"
+    return str(words)
+
+
+def parse_words(text: str) -> int:
+    """``"5M"``, ``"500k"``, ``"2B"`` or ``"1500"`` -> that many words; one error line otherwise."""
+    text = text.strip()
+    scale = {"k": 1_000, "m": 1_000_000, "b": 1_000_000_000}.get(text[-1:].lower(), 1)
+    try:
+        value = float(text[:-1] if scale > 1 else text) * scale
+    except ValueError:
+        value = -1
+    if value <= 0 or value != int(value):
+        raise SaffuError(f"--words takes a count of words such as 5M, 500k or 2000000, not {text!r}")
+    return int(value)
+
+
+def words_manager(directory: Path) -> ocp.CheckpointManager:
+    """The orbax manager of ``RUN/words``: step and params of every milestone, all kept."""
+    return ocp.CheckpointManager(directory.resolve(), options=ocp.CheckpointManagerOptions(
+        max_to_keep=None, create=True, enable_async_checkpointing=False), item_handlers=ocp.StandardCheckpointHandler())
+
+
+def words_index(run_dir: str | Path) -> list[dict]:
+    """``RUN/words.json``'s milestones: ``{"words", "label", "step", "words_seen"}`` each, in order."""
+    path = Path(run_dir) / "words.json"
+    return json.loads(path.read_text())["milestones"] if path.is_file() else []
+
+
+def save_words(manager: ocp.CheckpointManager, run_dir: Path, step: int, params: Params, reached: list[int],
+               words_seen: float, count: WordCount, writer: bool = True) -> None:
+    """Keep ``params`` at ``step`` (all processes of a job save together) and add the milestones
+    ``reached`` to ``RUN/words.json`` (process 0 writes it), each with the words consumed then."""
+    if step not in manager.all_steps():
+        with _orbax_failures_unlogged():
+            manager.save(step, args=ocp.args.StandardSave({"step": _step_array(step, params), "params": params}))
+    if writer:
+        rows = words_index(run_dir) + [{"words": w, "label": words_label(w), "step": step,
+                                         "words_seen": round(words_seen)} for w in reached]
+        atomic_write_json(run_dir / "words.json", {"words_per_token": count.per_token, "words_before": count.before,
+                                                   "milestones": rows})
 
 
 def restore_training_state(manager: ocp.CheckpointManager, run_dir: Path, params: Params, opt_state,

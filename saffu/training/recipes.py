@@ -314,19 +314,34 @@ def structured_from(dense_params: Params, dense_config, config) -> Params:
     return structure_mlp(dense_params, dense_config, config)
 
 
+def word_count(workdir: WorkDir, explicit_pass: bool):
+    """The training words a run on ``workdir`` consumes (:class:`saffu.training.checkpoints.WordCount`):
+    the training split's whitespace words per target token, and with ``explicit_pass`` (an
+    explicit or residual start: its statistics read the split once) one pass before step 0."""
+    from saffu.training.checkpoints import WordCount
+    split = workdir.meta["splits"][workdir.train_split]
+    words = split.get("words")
+    if not words:
+        return None                  # a work directory prepared before words were counted
+    return WordCount(words / max(split["tokens"] - 1, 1), float(words) if explicit_pass else 0.0)
+
+
 def train_run(workdir: WorkDir, run: str | Path, config, params: Params, train_config, mesh=None, on_eval=None,
-              progress: bool = False) -> tuple[object, Params, dict]:
+              progress: bool = False, explicit_pass: bool = False) -> tuple[object, Params, dict]:
     """Train ``(config, params)`` on ``workdir``'s training split into ``run`` (from its last
     checkpoint when it has one; periodic evaluations on ``dev`` when there is one), then
     :func:`finish`. Returns ``(config, params, figures)``: the parameters (of a residual also
     the trained ones and the final ``λ``), the steps, and — unless the run had already
-    finished — the training's seconds (``train_seconds``), tokens, tokens/s, FLOPs and peak memory."""
+    finished — the training's seconds (``train_seconds``), tokens, tokens/s, FLOPs and peak memory.
+    Checkpoints by words seen (``train_config.words_unit``) count ``explicit_pass`` (the start's
+    statistics read the data once) as one pass (:func:`word_count`)."""
     from saffu.models.interface import parameter_count
     from saffu.training.checkpoints import latest_checkpoint_step
     from saffu.training.trainer import train
     dev = workdir.tokens("dev") if "dev" in workdir.meta["splits"] else None
+    words = word_count(workdir, explicit_pass) if config.kind != "residual" else None
     params, history = train(config, params, workdir.tokens(workdir.train_split), train_config, run, dev_stream=dev,
-                            on_eval=on_eval, progress=progress, mesh=mesh)
+                            on_eval=on_eval, progress=progress, mesh=mesh, words=words)
     config, params = finish(config, params)
     figures = {"params": parameter_count(params),
                "steps": history[-1]["step"] if history else (latest_checkpoint_step(run) or 0)}

@@ -41,12 +41,17 @@ from saffu.engine.distributed import global_mesh, is_writer, local_copy, local_m
 from saffu.models.interface import Params, target_loss
 from saffu.models.transformer import Dropout
 from saffu.training.checkpoints import (
+    WordCount,
     checkpoint_manager,
     remove_failed_save,
     remove_stale_temporaries,
     restore_training_state,
     save_training_state,
+    save_words,
     tree_bytes,
+    word_milestones,
+    words_index,
+    words_manager,
 )
 
 #: Any model config with the shared interface (:mod:`saffu.models.interface`).
@@ -376,7 +381,7 @@ def _save(manager, run_dir: Path, step: int, params: Params, opt_state, checkpoi
 def train(model: Model, params: Params, train_stream: np.ndarray, config: TrainConfig,
           run_dir: str | Path, dev_stream: np.ndarray | None = None,
           on_eval: Callable[[dict], None] | None = None, progress: bool = True,
-          mesh: Mesh | None = None) -> tuple[Params, list[dict]]:
+          mesh: Mesh | None = None, words: WordCount | None = None) -> tuple[Params, list[dict]]:
     """Train ``params`` (explicit or random init) of ``model`` — any config with the shared
     interface (:mod:`saffu.models.interface`) — and checkpoint into ``run_dir/checkpoints``.
 
@@ -408,14 +413,20 @@ def train(model: Model, params: Params, train_stream: np.ndarray, config: TrainC
     and places its own rows; process 0 alone holds the run's lock, writes ``metrics.jsonl``, shows
     progress and calls ``on_eval``; the checkpoints are written together (orbax).
 
+    With ``words`` (how many training words the run has consumed by each step) and
+    ``config.words_unit``, the parameters are also kept when the words consumed first reach
+    each milestone of :func:`saffu.training.checkpoints.word_milestones` (in ``run_dir/words``,
+    indexed by ``run_dir/words.json``; a milestone an explicit start reached before step 0 is
+    kept at step 0).
+
     Returns the final parameters (this process's own copy) and the evaluation history of this call.
     """
     with exclusive(run_dir) if is_writer() else contextlib.nullcontext():
         return _train(model, params, train_stream, config, Path(run_dir), dev_stream, on_eval,
-                      progress and is_writer(), mesh)
+                      progress and is_writer(), mesh, words)
 
 
-def _train(model, params, train_stream, config, run_dir: Path, dev_stream, on_eval, progress, mesh):
+def _train(model, params, train_stream, config, run_dir: Path, dev_stream, on_eval, progress, mesh, words):
     """:func:`train` while holding ``run_dir``'s write lock."""
     if is_writer():
         remove_stale_temporaries(run_dir)  # a killed save's folders: no other writer is running
@@ -467,6 +478,19 @@ def _train(model, params, train_stream, config, run_dir: Path, dev_stream, on_ev
         return (*phases[key], inputs)
 
     flops_done, xla_done = 0.0, 0.0
+    by_words = words is not None and config.words_unit > 0
+    words_kept = words_manager(run_dir / "words") if by_words else None
+    reached_before = {m["words"] for m in words_index(run_dir)}
+
+    def keep_words(step: int) -> None:
+        """Keep the parameters at ``step`` if the words consumed by then reach a new milestone."""
+        if not by_words:
+            return
+        seen = words.at(step * tokens_per_step)
+        reached = [w for w in word_milestones(config.words_unit, seen) if w not in reached_before]
+        if reached:
+            save_words(words_kept, run_dir, step, params, reached, seen, words, is_writer())
+            reached_before.update(reached)
 
     def count(step_flops: float, step_xla_flops: float | None) -> None:
         nonlocal flops_done, xla_done
@@ -506,6 +530,7 @@ def _train(model, params, train_stream, config, run_dir: Path, dev_stream, on_ev
     try:
         if start == 0:
             evaluate(0)
+            keep_words(0)
         meter.resume()
         bar = tqdm(range(start, steps), initial=start, total=steps, desc="train", disable=not progress, leave=False)
         for step in bar:
@@ -516,6 +541,7 @@ def _train(model, params, train_stream, config, run_dir: Path, dev_stream, on_ev
             done = step + 1
             if done < steps:      # prefetch: the next batch goes to the device while this step runs
                 batch = put_batch(schedule(done))
+            keep_words(done)
             eval_now = done % config.eval_every == 0 or done == steps
             save_now = done == steps or (config.checkpoint_every and done % config.checkpoint_every == 0)
             if eval_now or save_now or done % config.log_every == 0:
@@ -528,6 +554,8 @@ def _train(model, params, train_stream, config, run_dir: Path, dev_stream, on_ev
                     _save(manager, run_dir, done, params, opt_state, checkpoint_bytes)
                 meter.resume()
         manager.wait_until_finished()
-    finally:               # also when stopped (an error, Ctrl-C): the manager's threads end
+    finally:               # also when stopped (an error, Ctrl-C): the managers' threads end
         manager.close()
+        if words_kept is not None:
+            words_kept.close()
     return local_copy({**params, **fixed}), history
