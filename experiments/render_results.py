@@ -458,6 +458,30 @@ passes, float32 master weights and optimizer state):
 """
 
 
+def hf_explicit_init(record: dict) -> str:
+    f = record["figures"]
+    explicit, random = f["curves"]["explicit"], f["curves"]["random"]
+    rows = "\n".join(f"| {e['step']:,} | {e['dev_bpb']:.4f} | {r['dev_bpb']:.4f} | {r['dev_bpb'] - e['dev_bpb']:+.4f} |"
+                     for e, r in zip(explicit, random))
+    return f"""# Explicit init outside JAX: a Hugging Face {f['arch']} trained in PyTorch
+
+Generated from [`results/hf_explicit_init.json`](../../results/hf_explicit_init.json) by `experiments/render_results.py`.
+
+{provenance(record)}
+
+`saffu init-weights --hf-config {f['arch']}` wrote a checkpoint with the explicit embeddings and output kernel
+(the rest random) and, with `--random`, the same checkpoint with every weight random (the same draw for the
+rest). Each was loaded with `transformers.AutoModelForCausalLM` and trained with `torch.optim.AdamW` on the
+same batches: width {f['width']}, {f['layers']} layers, {f['heads']} heads, {f['batch_size']} windows × {f['seq_len']}
+tokens a step, {f['steps']:,} steps, rate {f['learning_rate']:g} (warm-up, cosine), {f['corpus']}; dev bits per
+byte on about {f['eval_tokens']:,} tokens of whole dev documents (torch {f['torch']}, transformers {f['transformers']}).
+
+| step | explicit init | random init | random − explicit |
+|---:|---:|---:|---:|
+{rows}
+"""
+
+
 def bench_train(record: dict) -> str:
     f = record["figures"]
     m = f["model"]
@@ -654,7 +678,7 @@ weight decay and dropout with the chosen rate and its ½× and 2× neighbours, s
 """ + "\n".join(sections)
 
 
-RENDERERS = {"tuning": tuning, "bench_train": bench_train, "bench_bf16": bench_bf16, "bench_scoring": bench_scoring, "bench_stats": bench_stats, "soak": soak, "budgets": budgets, "any_model": any_model, "setup": setup}
+RENDERERS = {"hf_explicit_init": hf_explicit_init, "tuning": tuning, "bench_train": bench_train, "bench_bf16": bench_bf16, "bench_scoring": bench_scoring, "bench_stats": bench_stats, "soak": soak, "budgets": budgets, "any_model": any_model, "setup": setup}
 
 
 def _load(name: str) -> dict | None:

@@ -282,7 +282,41 @@ def cmd_pack(args) -> dict:
     return _print_metrics(f"packed {args.run}: its exact model is now {args.run / 'exact'}", pack_run(args.run))
 
 
+def _hf_init(args) -> dict:
+    """``init-weights --hf-config``: a GPT-2 or Llama checkpoint with the explicit embeddings and
+    output kernel (or, with ``--random``, none), the rest random."""
+    import jax
+
+    from saffu.interop.hf import export_hf
+    from saffu.models.interface import model_init
+    from saffu.training.recipes import explicit_transformer_start
+    workdir = _workdir(args)
+    block = {"gpt2": "gpt", "llama": "llama"}[args.hf_config]
+    # one token of context: Hugging Face trains and reads from position 0
+    config = configs.TransformerConfig(workdir.vocab_size, width=args.rank, layers=args.layers,
+                                       heads=args.attention_heads, context_tokens=1, max_len=args.max_len,
+                                       output_bias=False, block=block)
+    key = jax.random.key(args.seed)
+    if args.random:
+        params, start = model_init(config, key), "random init (the control)"
+    else:
+        params, _, _ = explicit_transformer_start(workdir, config, key, ("embeddings", "output"),
+                                                  configs.FactorConfig(holdout_tokens=args.holdout_tokens),
+                                                  not args.quiet)
+        start = "explicit embeddings and output kernel, the rest random"
+    card = (f"# An initial {args.hf_config} checkpoint from saffu\n\n{start} (seed {args.seed}), width {args.rank}, "
+            f"{args.layers} layers, {args.attention_heads} heads, for {workdir.meta['corpus']} "
+            f"({workdir.vocab_size:,} BPE tokens). Untrained: train it with any framework. Neither architecture "
+            f"has an output bias, so the explicit log-unigram is not in it.\n")
+    report = export_hf(params, config, Path(args.workdir) / "tokenizer.json", args.out, card)
+    metrics = {"out": str(args.out), "architecture": report["architecture"], "parameters": report["parameters"],
+               "start": "random" if args.random else "explicit"}
+    return _print_metrics(f"wrote {args.out}", metrics)
+
+
 def cmd_init_weights(args) -> dict:
+    if args.hf_config:
+        return _hf_init(args)
     from saffu.interop.tokens import solve_pieces
     from saffu.interop.weights_file import write_init_file
     pieces = solve_pieces(_workdir(args), args.rank, configs.FactorConfig(holdout_tokens=args.holdout_tokens),

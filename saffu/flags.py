@@ -389,15 +389,28 @@ def _pack_flags(p) -> None:
 
 
 def _init_weights_flags(p) -> None:
-    """the explicit pieces as a framework-free safetensors init file
+    """the explicit pieces as a framework-free safetensors init file, or a Hugging Face checkpoint
 
     Solve the explicit pieces of rank --rank from the work directory's training split and write them
     (log-unigram bias, embeddings, output kernel, their RMS, the unigram counts) to a safetensors file with a
-    JSON manifest beside it, for any framework to load."""
+    JSON manifest beside it, for any framework to load; with --hf-config, as the weights of a GPT-2 or Llama
+    checkpoint that transformers loads and trains (experiments/hf_explicit_init.py)."""
     add_run_flags(p, run=False)
     p.add_argument("--rank", type=int, required=True, help="width d of the model the pieces initialise")
-    p.add_argument("--out", type=Path, required=True, help="the init file (NAME.safetensors; NAME.json beside it)")
+    p.add_argument("--out", type=Path, required=True, help="the init file (NAME.safetensors; NAME.json beside it), "
+                                                           "or with --hf-config the checkpoint folder")
     add_config_flags(p, configs.FactorConfig, ("holdout_tokens",))
+    p.add_argument("--hf-config", choices=["gpt2", "llama"],
+                   help="write a Hugging Face checkpoint of this architecture (width --rank) instead: the explicit "
+                        "embeddings and output kernel, the rest random (neither has an output bias, so the "
+                        "log-unigram is not carried), with the tokenizer")
+    p.add_argument("--layers", type=int, default=configs.TransformerConfig.layers, help="--hf-config: layers")
+    p.add_argument("--attention-heads", type=int, default=configs.TransformerConfig.heads,
+                   help="--hf-config: attention heads")
+    p.add_argument("--max-len", type=int, default=configs.TransformerConfig.max_len, help="--hf-config: positions")
+    p.add_argument("--seed", type=int, default=0, help="--hf-config: seed of the random weights")
+    p.add_argument("--random", action="store_true",
+                   help="--hf-config: every weight random, the same draw as the explicit checkpoint's rest (the control)")
 
 
 def _export_flags(p) -> None:

@@ -444,3 +444,21 @@ def test_checkpoints_by_words_seen_export_with_a_model_card(tiny_workdir, tmp_pa
     assert error.count("\n") == 1 and "keeps no checkpoint at 5M words" in error and "100, 200" in error
     assert main(["export", *args, "--run", str(run), "--step", "7", "--out", str(tmp_path / "x")]) != 0
     assert "keeps no checkpoint at step 7" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_init_weights_writes_a_hugging_face_checkpoint(tiny_workdir, tmp_path, arch):
+    """``init-weights --hf-config``: the explicit embeddings and output kernel in a checkpoint of
+    that architecture; with ``--random`` the same checkpoint but those, every other weight the same draw."""
+    common = ["init-weights", "--workdir", str(tiny_workdir.path), "--rank", "16", "--layers", "1",
+              "--attention-heads", "2", "--max-len", "24", "--hf-config", arch, "--holdout-tokens", "200", "--quiet"]
+    assert main([*common, "--out", str(tmp_path / "explicit")]) == 0
+    assert main([*common, "--out", str(tmp_path / "random"), "--random"]) == 0
+    (explicit, config), (random, _) = load_checkpoint(tmp_path / "explicit"), load_checkpoint(tmp_path / "random")
+    assert config["architectures"] == [{"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}[arch]]
+    embed = "transformer.wte.weight" if arch == "gpt2" else "model.embed_tokens.weight"
+    changed = {name for name in explicit if not np.array_equal(explicit[name], random[name])}
+    assert changed == {embed, "lm_head.weight"}
+    assert (tmp_path / "explicit" / "tokenizer.json").is_file()
+    assert "explicit" in (tmp_path / "explicit" / "README.md").read_text()

@@ -1,0 +1,159 @@
+"""Explicit init outside JAX: a Hugging Face checkpoint from ``saffu init-weights --hf-config``
+(the explicit embeddings and output kernel, the rest random) trained in PyTorch against the same
+checkpoint with every weight random (``--random``: the same draw for the rest), for the same
+steps on the same batches; dev bits per byte of both after each evaluation.
+
+Needs torch and transformers (``pip install -e '.[hf]'``). CPU, a small model:
+
+    python experiments/hf_explicit_init.py --workdir runs/babylm --arch llama --write-result
+    python experiments/hf_explicit_init.py --workdir runs/quick --quick      # a check: seconds, a tiny model
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from results import write_result
+from saffu.data.workdir import open_workdir
+from saffu.flags import DEFAULT_CORPUS
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workdir", type=Path, default=ROOT / "runs" / "babylm", help="a prepared work directory")
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "hf_explicit_init", help="where checkpoints go")
+    parser.add_argument("--arch", choices=["llama", "gpt2"], default="llama")
+    parser.add_argument("--width", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--learning-rate", type=float, default=3e-3)
+    parser.add_argument("--eval-every", type=int, default=100)
+    parser.add_argument("--eval-tokens", type=int, default=100_000, help="dev tokens (whole documents) per evaluation")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--quick", action="store_true", help="a tiny model on the embedded corpus (a check)")
+    parser.add_argument("--write-result", action="store_true", help="write results/hf_explicit_init.json")
+    return parser.parse_args(argv)
+
+
+def make_checkpoint(args, random: bool) -> Path:
+    out = args.out / ("random" if random else "explicit")
+    if not (out / "model.safetensors").exists():
+        subprocess.run([sys.executable, "-m", "saffu", "init-weights", "--workdir", str(args.workdir), "--rank",
+                        str(args.width), "--layers", str(args.layers), "--attention-heads", str(args.heads),
+                        "--max-len", str(args.seq_len + 1), "--hf-config", args.arch, "--seed", str(args.seed),
+                        "--out", str(out), "--quiet", *(["--random"] if random else [])], check=True)
+    return out
+
+
+def dev_windows(workdir, tokens: int, seq_len: int) -> tuple[list[np.ndarray], int]:
+    """Dev windows of whole documents (each up to ``seq_len + 1`` tokens: the token before the
+    first target, then the targets) and the bytes of their text."""
+    stream = np.asarray(workdir.tokens("dev"))
+    ranges, info = workdir.sample_documents("dev", tokens)
+    windows = [stream[s - 1:min(s + seq_len, end)] for begin, end in ranges for s in range(begin, end, seq_len)]
+    return windows, info["bytes"]
+
+
+def bits_per_byte(model, windows, n_bytes: int, torch) -> float:
+    total = 0.0
+    model.eval()
+    with torch.no_grad():
+        for start in range(0, len(windows), 32):
+            batch = windows[start:start + 32]
+            width = max(len(w) for w in batch)
+            ids = torch.zeros((len(batch), width), dtype=torch.long)
+            mask = torch.zeros((len(batch), width - 1), dtype=torch.bool)
+            for i, w in enumerate(batch):
+                ids[i, :len(w)] = torch.from_numpy(w.astype(np.int64))
+                mask[i, :len(w) - 1] = True
+            logits = model(ids[:, :-1]).logits.float()
+            nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+            total += float(nll[mask].sum())
+    model.train()
+    return total / math.log(2) / n_bytes
+
+
+def train(args, path: Path, torch, transformers, windows, n_bytes) -> list[dict]:
+    torch.manual_seed(args.seed)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=0.0)
+    warmup = min(50, args.steps // 2)
+    schedule = lambda step: (step + 1) / warmup if step < warmup else \
+        0.5 * (1 + math.cos(math.pi * (step - warmup) / max(args.steps - warmup, 1)))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    stream = np.asarray(open_workdir(args.workdir).tokens(open_workdir(args.workdir).train_split))
+    rng = np.random.default_rng(args.seed)                        # the same batches for both starts
+    history = [{"step": 0, "dev_bpb": bits_per_byte(model, windows, n_bytes, torch), "seconds": 0.0}]
+    print(f"{path.name}: step 0 dev {history[-1]['dev_bpb']:.4f} bits/byte", flush=True)
+    tick, elapsed = time.perf_counter(), 0.0              # training seconds, evaluations excluded
+    for step in range(args.steps):
+        starts = rng.integers(0, len(stream) - args.seq_len - 1, args.batch_size)
+        batch = torch.from_numpy(np.stack([stream[s:s + args.seq_len + 1] for s in starts]).astype(np.int64))
+        loss = model(batch, labels=batch).loss
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
+            elapsed += time.perf_counter() - tick
+            seconds = elapsed
+            history.append({"step": step + 1, "train_loss": float(loss), "seconds": seconds,
+                            "dev_bpb": bits_per_byte(model, windows, n_bytes, torch)})
+            print(f"{path.name}: step {step + 1} dev {history[-1]['dev_bpb']:.4f} bits/byte "
+                  f"(train loss {float(loss):.3f}, {seconds:.0f} s)", flush=True)
+            tick = time.perf_counter()
+    return history
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        import torch
+        import transformers
+    except ModuleNotFoundError as err:
+        raise SystemExit(f"this experiment trains in PyTorch ({err}); pip install -e '.[hf]'") from None
+    if args.quick:
+        args.width, args.layers, args.heads, args.steps, args.seq_len, args.batch_size = 32, 1, 2, 20, 32, 4
+        args.eval_every, args.eval_tokens = 10, 2000
+        if not (args.workdir / "meta.json").exists():
+            subprocess.run([sys.executable, "-m", "saffu", "prepare", "--corpus", str(DEFAULT_CORPUS),
+                            "--workdir", str(args.workdir), "--vocab-size", "512", "--allow-smaller-vocab",
+                            "--quiet"], check=True)
+    torch.set_num_threads(args.threads)
+    workdir = open_workdir(args.workdir)
+    windows, n_bytes = dev_windows(workdir, args.eval_tokens, args.seq_len)
+    curves = {}
+    for start, random in (("explicit", False), ("random", True)):
+        curves[start] = train(args, make_checkpoint(args, random), torch, transformers, windows, n_bytes)
+    gap = curves["random"][-1]["dev_bpb"] - curves["explicit"][-1]["dev_bpb"]
+    print(f"after {args.steps} steps: explicit {curves['explicit'][-1]['dev_bpb']:.4f}, random "
+          f"{curves['random'][-1]['dev_bpb']:.4f} bits/byte (explicit better by {gap:.4f})")
+    figures = {"arch": args.arch, "corpus": workdir.meta["corpus"], "width": args.width, "layers": args.layers,
+               "heads": args.heads, "steps": args.steps, "batch_size": args.batch_size, "seq_len": args.seq_len,
+               "learning_rate": args.learning_rate, "eval_tokens": args.eval_tokens, "curves": curves,
+               "explicit_gain_bpb": gap, "torch": torch.__version__, "transformers": transformers.__version__}
+    print(json.dumps({"explicit_gain_bpb": gap}))
+    if args.write_result:
+        print(f"wrote {write_result('hf_explicit_init', figures, seeds=[args.seed])}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
