@@ -1,0 +1,98 @@
+"""BLiMP the way the field scores it: lm-evaluation-harness (the ``saffu`` harness model, local
+task configs of the shared paradigms) against ``saffu blimp`` on the same runs, and — for a run
+that exports — the harness's own Hugging Face model (``--model hf``) on the export.
+
+    python experiments/harness_blimp.py --run cold=runs/tune/runs/cold/1ep_le0.01_we0.9_dr0 \\
+        --run explicit=runs/tune/runs/explicit-init/1ep_le0.006_we0_dr0 --blimp ../shared/data/blimp --write-result
+
+Needs ``pip install -e '.[eval]'`` (and ``'.[hf]'`` for the Hugging Face model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from results import write_result
+
+from saffu._io import SaffuError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run", action="append", required=True, help="NAME=RUN_FOLDER (repeatable)")
+    parser.add_argument("--blimp", type=Path, default=ROOT.parent / "shared" / "data" / "blimp")
+    parser.add_argument("--write-result", action="store_true", help="write results/harness_blimp.json")
+    return parser.parse_args(argv)
+
+
+def score(name: str, run: Path, blimp: Path, tasks: Path) -> dict:
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    from saffu.eval.blimp import evaluate_blimp
+    from saffu.interop.harness import SaffuLM
+    tick = time.perf_counter()
+    model = SaffuLM(run, progress=False)
+    ours = evaluate_blimp(model.params, model.config, model.tokenizer, blimp, progress=False)["blimp_accuracy"]
+    manager = TaskManager(include_path=str(tasks))
+    harness = lm_eval.simple_evaluate(model=model, tasks=["saffu_blimp"], task_manager=manager, log_samples=False,
+                                      verbosity="WARNING")["results"]["saffu_blimp"]["acc,none"]
+    row = {"name": name, "run": str(run), "weights": model.weights, "kind": model.config.kind,
+           "block": getattr(model.config, "block", None), "saffu_blimp": ours, "harness_saffu": harness,
+           "harness_minus_saffu_points": 100 * (harness - ours)}
+    try:
+        from saffu.interop.hf import exportable
+        exportable(model.config)
+    except SaffuError as err:
+        row["hf"] = f"not exported: {err}"
+    else:
+        row.update(_hf(model, run, manager, harness))
+    row["seconds"] = time.perf_counter() - tick
+    print(f"{name}: saffu blimp {ours:.4f}, harness {harness:.4f}"
+          + (f", harness on the export {row['harness_hf']:.4f}" if "harness_hf" in row else f" ({row['hf']})"),
+          flush=True)
+    return row
+
+
+def _hf(model, run: Path, manager, harness: float) -> dict:
+    """The harness's Hugging Face model on ``run``'s export: its accuracy and its difference from ``harness``."""
+    import lm_eval
+
+    from saffu.interop.hf import export_hf, model_card
+    with tempfile.TemporaryDirectory() as scratch:
+        out = Path(scratch) / "export"
+        export_hf(model.params, model.config, model.workdir.path / "tokenizer.json", out,
+                  model_card(run, model.workdir, model.config, model.weights))
+        hf = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={out},dtype=float32,device=cpu",
+                                     tasks=["saffu_blimp"], task_manager=manager, log_samples=False,
+                                     verbosity="WARNING")["results"]["saffu_blimp"]["acc,none"]
+    return {"harness_hf": hf, "hf_minus_saffu_harness_points": 100 * (hf - harness)}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from saffu.interop.harness import write_blimp_tasks
+    rows = []
+    with tempfile.TemporaryDirectory() as tasks:
+        write_blimp_tasks(args.blimp, tasks)
+        for item in args.run:
+            name, _, path = item.partition("=")
+            if not path:
+                raise SystemExit(f"--run takes NAME=RUN_FOLDER, not {item!r}")
+            rows.append(score(name, Path(path), args.blimp, Path(tasks)))
+    if args.write_result:
+        figures = {"blimp": str(args.blimp), "paradigms": len(list(args.blimp.glob("*.jsonl"))), "rows": rows}
+        print(f"wrote {write_result('harness_blimp', figures, seeds=[0])}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
