@@ -19,7 +19,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from results import write_result
-
 from saffu._io import SaffuError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -91,7 +91,7 @@ def bits_per_byte(model, windows, n_bytes: int, torch) -> float:
 
 def train(args, path: Path, torch, transformers, windows, n_bytes) -> list[dict]:
     torch.manual_seed(args.seed)
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=0.0)
     warmup = min(50, args.steps // 2)
     schedule = lambda step: (step + 1) / warmup if step < warmup else \

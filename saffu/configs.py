@@ -260,6 +260,8 @@ class TrainConfig:
         consumed first reach 1, 2, …, 10 and then every 10 × ``words_unit`` (BabyLM's
         checkpoints: ``1_000_000``; an explicit start's statistics pass counts as one pass over
         the data; 0: none), in ``RUN/words`` (:mod:`saffu.training.checkpoints`).
+      tensorboard: also write every evaluation's figures as TensorBoard event files in
+        ``RUN/tensorboard`` (the ``tensorboard`` extra: tensorboardX).
     """
 
     steps: int = 0
@@ -281,6 +283,7 @@ class TrainConfig:
     compute_dtype: str = "float32"
     dropout: float = 0.0
     words_unit: int = 1_000_000
+    tensorboard: bool = False
 
     def __post_init__(self):
         if self.words_unit < 0:

@@ -426,6 +426,16 @@ def train(model: Model, params: Params, train_stream: np.ndarray, config: TrainC
                       progress and is_writer(), mesh, words)
 
 
+def event_writer(run_dir: Path, start: int):
+    """A tensorboardX ``SummaryWriter`` of ``run_dir/tensorboard`` (``purge_step``: a resumed run's
+    events after its checkpoint step are dropped, as its ``metrics.jsonl`` lines are)."""
+    try:
+        from tensorboardX import SummaryWriter
+    except ModuleNotFoundError:
+        raise SaffuError("--tensorboard writes event files with tensorboardX: pip install -e '.[tensorboard]'") from None
+    return SummaryWriter(logdir=str(run_dir / "tensorboard"), purge_step=start or None)
+
+
 def _train(model, params, train_stream, config, run_dir: Path, dev_stream, on_eval, progress, mesh, words):
     """:func:`train` while holding ``run_dir``'s write lock."""
     if is_writer():
@@ -450,6 +460,7 @@ def _train(model, params, train_stream, config, run_dir: Path, dev_stream, on_ev
     manager = checkpoint_manager(run_dir / "checkpoints")
     metrics_path = run_dir / "metrics.jsonl"
     start, params, opt_state, seconds = restore_training_state(manager, run_dir, params, opt_state, metrics_path)
+    events = event_writer(run_dir, start) if config.tensorboard and is_writer() else None
     checkpoint_bytes = tree_bytes(params) + tree_bytes(opt_state)
     _check_room(run_dir, manager, checkpoint_bytes, start, steps, config)
 
@@ -524,6 +535,11 @@ def _train(model, params, train_stream, config, run_dir: Path, dev_stream, on_ev
             if not is_disk_full(err):
                 raise
             raise disk_full_error(metrics_path, err, then=_resume_hint(manager)) from None
+        if events is not None:
+            for key, value in record.items():
+                if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
+                    events.add_scalar(key, value, step)
+            events.flush()
         if on_eval:
             on_eval(record)
 
@@ -558,4 +574,6 @@ def _train(model, params, train_stream, config, run_dir: Path, dev_stream, on_ev
         manager.close()
         if words_kept is not None:
             words_kept.close()
+        if events is not None:
+            events.close()
     return local_copy({**params, **fixed}), history
