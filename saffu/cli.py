@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import json
 import math
 import subprocess
 import sys
@@ -254,13 +255,15 @@ def cmd_train(args) -> dict:
     mesh = (data_parallel_mesh() if args.num_processes > 1 else
             data_parallel_mesh(args.devices or None) if args.devices != 1 else None)
     explicit_pass = start.init == "explicit" or start.residual is not None
-    if writer:          # how the run was trained, for its model card (the latest command that trained it)
+    options = {name: getattr(args, name) for name in flags.TRAIN_OPTIONS}
+    spec = flags.train_spec(start, config if config.kind != "residual" else config.base, train_config, options)
+    _same_training(run, spec)
+    if writer:          # the run's spec: how it was trained (saffu train --config reads it back)
         import shlex
 
         from saffu._io import atomic_write_json
         command = "saffu " + shlex.join(sys.argv[1:] if args.argv is None else args.argv)
-        atomic_write_json(run / "train.json", {"command": command, "start": dataclasses.asdict(start),
-                                               "train": dataclasses.asdict(train_config)})
+        atomic_write_json(run / "train.json", {"command": command, **json.loads(json.dumps(spec, default=str))})
     config, params, figures = recipes.train_run(workdir, run, config, params, train_config, mesh, show, not args.quiet,
                                                 explicit_pass)
     if args.num_processes > 1:        # every process is done with collectives
@@ -275,6 +278,23 @@ def cmd_train(args) -> dict:
                                                                       else {})}
     metrics.update(_score_splits(params, config, workdir, args))
     return _print_metrics(f"{args.init}-init training of {run}", metrics)
+
+
+def _same_training(run: Path, spec: dict) -> None:
+    """Refuse to resume ``run`` with settings that change what it learns (anything but
+    :data:`saffu.flags.RESUMABLE`): one line naming each differing field, its recorded value and the fix."""
+    path = run / "train.json"
+    if not path.is_file() or not (run / "checkpoints").is_dir():
+        return
+    recorded = json.loads(path.read_text())
+    fresh = json.loads(json.dumps(spec, default=str))
+    differ = [f"{section}.{name} {recorded[section][name]!r} → {value!r}"
+              for section in ("start", "model", "train", "options") if section in recorded
+              for name, value in fresh.get(section, {}).items()
+              if name not in flags.RESUMABLE and name in recorded[section] and recorded[section][name] != value]
+    if differ:
+        raise SaffuError(f"{run} was trained with other settings ({'; '.join(differ)}); resume it as it was "
+                         f"(saffu train --config {path} --run {run}) or train into a new --run")
 
 
 def cmd_pack(args) -> dict:
@@ -481,7 +501,11 @@ def _end_followers(finished: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = flags.parse(build_parser(), argv)
+    except SaffuError as err:
+        print(f"saffu: error: {err}", file=sys.stderr)
+        return 2
     args.argv = argv          # what a local multi-process job's other processes run
     warnings.showwarning = _one_line_warnings(warnings.showwarning)
     finished = False

@@ -22,6 +22,7 @@ import re
 from pathlib import Path
 
 from saffu import configs
+from saffu._io import SaffuError
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -259,6 +260,65 @@ def bigram_from_args(args) -> configs.BigramConfig:
                                 chunk_size=args.chunk_size)
 
 
+#: ``saffu train``'s flags outside the configs that change what a run learns (its spec's ``options``).
+TRAIN_OPTIONS = ("holdout_tokens", "residual_scale", "anneal_share", "cross_fit")
+#: Training fields a resumed run may change: when and how it reports and saves, and how long it trains.
+RESUMABLE = frozenset({"steps", "eval_every", "eval_windows", "checkpoint_every", "log_every", "words_unit",
+                       "tensorboard", "on_nonfinite", "devices"})
+
+
+def train_spec(start, model, train, options: dict) -> dict:
+    """A run's spec (``RUN/train.json``; ``saffu train --config`` reads it back): the sections
+    ``start`` (:class:`~saffu.configs.StartConfig`), ``model`` (its kind and the fields its flags
+    set), ``train`` (:class:`~saffu.configs.TrainConfig`) and ``options`` (:data:`TRAIN_OPTIONS`)."""
+    kind = getattr(model, "kind", None)
+    fields = MODEL[kind][1] if kind in MODEL else ()
+    return {"start": dataclasses.asdict(start), "model": {"kind": kind, **{f: getattr(model, f) for f in fields}},
+            "train": dataclasses.asdict(train), "options": dict(options)}
+
+
+def spec_defaults(path: Path) -> dict:
+    """``saffu train``'s parsed defaults from a spec file (JSON, or TOML with the same sections:
+    :func:`train_spec`): every value becomes its flag's default, so flags given on the command
+    line override it. One error line for a file that is not a spec."""
+    import json
+    import tomllib
+    path = Path(path)
+    try:
+        text = path.read_text()
+        spec = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    except (OSError, ValueError) as err:
+        raise SaffuError(f"--config {path} is not a readable run spec ({err})") from None
+    unknown = set(spec) - {"start", "model", "train", "options", "command"}
+    if unknown:
+        raise SaffuError(f"--config {path}: unknown sections {sorted(unknown)} (start, model, train, options)")
+    defaults = {}
+
+    def take(section: str, allowed, cls=None, rename=None, skip=()):
+        for name, value in spec.get(section, {}).items():
+            if name in skip:
+                continue
+            if name in allowed:
+                defaults[dest_of(name, rename)] = list(value) if isinstance(value, (list, tuple)) else value
+            elif cls is None or name not in {f.name for f in dataclasses.fields(cls)}:
+                raise SaffuError(f"--config {path}: {section}.{name} is not a setting of saffu train")
+            elif value != getattr(cls, name):
+                raise SaffuError(f"--config {path}: {section}.{name} = {value!r} has no flag (only its default, "
+                                 f"{getattr(cls, name)!r})")
+
+    take("start", (*START, "ffn_from"), configs.StartConfig)
+    take("train", TRAIN, configs.TrainConfig)
+    take("options", TRAIN_OPTIONS)
+    kind = spec.get("model", {}).get("kind") or spec.get("start", {}).get("model")
+    if spec.get("model") and kind not in MODEL:
+        raise SaffuError(f"--config {path}: model.kind must be one of {', '.join(MODEL)}, not {kind!r}")
+    if kind in MODEL:
+        cls, fields, rename = MODEL[kind]
+        take("model", fields, cls, rename, skip=("kind", "vocab_size"))
+        defaults["model"] = kind
+    return defaults
+
+
 def model_from_args(model: str, args, vocab_size: int):
     """The config of a new ``model`` (``saffu``, ``transformer``, ``factorised``) from its flags."""
     cls, fields, rename = MODEL[model]
@@ -367,6 +427,9 @@ def _train_flags(p) -> None:
     add_config_flags(p, configs.SaffuConfig, ("bits",))
     add_config_flags(p, configs.TrainConfig, TRAIN)
     add_eval_flags(p)
+    p.add_argument("--config", type=Path, metavar="SPEC",
+                   help="a run spec (another run's RUN/train.json, or TOML with its sections start, model, train, "
+                        "options): its values become the flags' defaults, flags given here override them")
 
 
 def _eval_flags(p) -> None:
@@ -536,10 +599,31 @@ def build_parser(commands: dict) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="saffu", description="Explicit (closed-form) SAFFU language models.",
                                      formatter_class=HelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.commands = {}
     for name, run_command in commands.items():
         help, _, description = inspect.cleandoc(COMMAND_FLAGS[name].__doc__).partition("\n\n")
         p = sub.add_parser(name, help=help, description=" ".join(description.split()), formatter_class=HelpFormatter)
         p.set_defaults(run_command=run_command)
         COMMAND_FLAGS[name](p)
         add_common(p)
+        parser.commands[name] = p
     return parser
+
+
+def parse(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> argparse.Namespace:
+    """``parser.parse_args(argv)``; a ``saffu train --config SPEC`` is parsed again with the spec's
+    values as the defaults (:func:`spec_defaults`), so the flags given override them."""
+    import sys
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] == ["train"]:
+        early = argparse.ArgumentParser(add_help=False)
+        early.add_argument("--config", type=Path)
+        config = early.parse_known_args(words[1:])[0].config
+        if config is not None:
+            train = parser.commands["train"]
+            defaults = spec_defaults(config)
+            for action in train._actions:
+                if action.dest in defaults:
+                    action.required = False
+            train.set_defaults(**defaults)
+    return parser.parse_args(argv)
