@@ -42,12 +42,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from results import write_result
 from saffu._io import SaffuError
-from saffu.eval.race import choose
+from saffu.eval.race import choose, multiplier
 from saffu.flags import DEFAULT_CORPUS
 
 ROOT = Path(__file__).resolve().parents[1]
-#: The starts compared: ``saffu train --init`` of each.
-STARTS = {"cold": "random", "explicit-init": "explicit"}
+#: The starts compared: ``saffu train --init`` of each and its architecture's flags.
+LLAMA = ["--block", "llama"]
+STARTS = {"cold": ("random", []), "explicit-init": ("explicit", []),
+          "llama-cold-nobias": ("random", [*LLAMA, "--no-output-bias"]),
+          "llama-explicit-nobias": ("explicit", [*LLAMA, "--no-output-bias"]),
+          "llama-explicit": ("explicit", LLAMA)}
+#: The starts the quarter-epoch grid tunes; the others run at those values (the architecture comparison).
+GRID_STARTS = ("cold", "explicit-init")
+#: Each architecture's cold start, which its explicit starts race against.
+COLD_OF = {"explicit-init": "cold", "llama-explicit-nobias": "llama-cold-nobias", "llama-explicit": "llama-cold-nobias"}
 #: The quarter-epoch grid.
 GRID = {"learning_rate": [1e-3, 3e-3, 1e-2, 3e-2], "weight_decay": [0.0, 0.1], "dropout": [0.0, 0.1]}
 def _half_decade(value: float, up: bool) -> float:
@@ -68,7 +76,7 @@ def parse_args(argv=None):
     parser.add_argument("--workdir", type=Path, default=ROOT / "runs" / "babylm", help="a prepared work directory")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "tune", help="where the runs go")
     parser.add_argument("--phase", choices=["grid", "budgets"], help="what to run (then --report to gather)")
-    parser.add_argument("--starts", nargs="+", choices=list(STARTS), default=list(STARTS))
+    parser.add_argument("--starts", nargs="+", choices=list(STARTS), default=list(GRID_STARTS))
     parser.add_argument("--epochs", nargs="+", type=float, default=[1, 4], help="the budgets phase's budgets")
     parser.add_argument("--share", type=float, default=0.25, help="the grid's budget, in epochs")
     parser.add_argument("--jobs", type=int, default=1, help="runs at once, one per core")
@@ -98,7 +106,7 @@ def command(args, start: str, values: dict, epochs: float, run: Path) -> list[st
     steps = max(round(epochs * steps_per_epoch(args.workdir, args.quick)), 1)
     whole = epochs >= 1 and not args.quick          # budgets: the whole dev split; probes: about 200,000 tokens
     return [sys.executable, "-m", "saffu", "train", "--workdir", str(args.workdir), "--run", str(run),
-            "--init", STARTS[start], *model_flags(args.quick), "--steps", str(steps),
+            "--init", STARTS[start][0], *model_flags(args.quick), *STARTS[start][1], "--steps", str(steps),
             "--eval-every", str(max(steps // 8, 1) if whole else steps), "--checkpoint-every", str(max(steps // 4, 1)),
             *[x for key, flag in FLAGS.items() for x in (flag, f"{values[key]:g}")],
             "--eval-tokens", "0" if whole else "200000", "--metrics-json", str(run / "result.json"), "--quiet"]
@@ -217,15 +225,67 @@ def report(args) -> dict:
                                                                                       for v, _ in runs]}
         starts[start] = {"grid": grid, "chosen": chosen, "probes": [_row(args, start, v, args.share) for v, _ in probes],
                          "budgets": budgets}
+    others = {}
+    for start in STARTS:
+        folder = args.out / "runs" / start
+        if start not in GRID_STARTS and folder.is_dir():
+            names = sorted(p.parent.name for p in folder.glob("*/result.json"))
+            others[start] = [_row(args, start, _values(name), _epochs(name)) for name in names]
     figures = {"protocol": {"grid": GRID, "share_epochs": args.share, "budget_epochs": args.epochs,
                             "probe_figure": "dev bits per byte on about 200,000 tokens of whole dev documents",
                             "budget_figure": "dev bits per byte on the whole dev split"},
-               "workdir": str(args.workdir), "starts": starts}
+               "workdir": str(args.workdir), "starts": starts, "architectures": others,
+               "flags": {start: STARTS[start][1] for start in STARTS}}
+    figures["race"] = race(figures)
     path = write_result("tuning", figures, seeds=[0], load={
         "note": "two runs at a time, one per core (taskset), other work sharing the machine at times; each run's "
                 "seconds are in its row"})
     print(f"wrote {path}")
     return figures
+
+
+def _values(name: str) -> dict:
+    """A run folder's name (``4ep_le0.01_we0.9_dr0``) back to its values."""
+    parts = name.split("_")[1:]
+    return {key: float(part[2:]) for key, part in zip(GRID, parts)}
+
+
+def _epochs(name: str) -> float:
+    return float(name.split("ep_")[0])
+
+
+def compute(row: dict) -> float:
+    """A run's FLOPs with its explicit solve: training FLOPs × (1 + solve seconds / training seconds)."""
+    return row["flops"] * (1.0 + row.get("solve_seconds", 0.0) / row["train_seconds"])
+
+
+def race(figures: dict) -> dict:
+    """Each explicit start's multiplier at each budget (its best run there) against its
+    architecture's cold curve (the best cold run of each budget of a whole epoch or more),
+    :func:`saffu.eval.race.multiplier`; and every such run's train–dev gap (nats)."""
+    rows = {start: [r for b in figures["starts"].get(start, {}).get("budgets", {}).values() for r in b["runs"]]
+            for start in GRID_STARTS}
+    rows.update(figures["architectures"])
+    best = {}
+    for start, runs in rows.items():
+        for r in runs:
+            if r["epochs"] >= 1 and (r["epochs"] not in best.get(start, {}) or
+                                     r["dev_bpb"] < best[start][r["epochs"]]["dev_bpb"]):
+                best.setdefault(start, {})[r["epochs"]] = r
+    out = {}
+    for start, cold in COLD_OF.items():
+        if start not in best or cold not in best:
+            continue
+        curve = sorted((compute(r), r["dev_bpb"]) for r in best[cold].values())
+        for epochs, r in sorted(best[start].items()):
+            m = multiplier(curve, r["dev_bpb"], compute(r))
+            out.setdefault(start, []).append({
+                "epochs": epochs, "name": r["name"], "dev_bpb": r["dev_bpb"], "compute": compute(r),
+                "multiplier": m.value, "multiplier_kind": m.kind, "cold_compute": m.cold_compute, "cold": cold,
+                "cold_curve": curve, "gap_nats": r["dev_loss"] - r["train_loss"],
+                "cold_gap_nats": best[cold][epochs]["dev_loss"] - best[cold][epochs]["train_loss"]
+                if epochs in best[cold] else None})
+    return out
 
 
 def _row(args, start: str, values: dict, epochs: float) -> dict:
@@ -236,7 +296,8 @@ def _row(args, start: str, values: dict, epochs: float) -> dict:
             "train_loss": history[-1]["train_loss"], "last_dev_window_loss": history[-1]["dev_loss"],
             "steps": result["steps"], "train_seconds": history[-1]["seconds"],   # also of a run resumed at its end
             "solve_seconds": result.get("solve_seconds", 0.0), "flops": result.get("flops"),
-            "dev_whole_split": result.get("dev_whole_split"),
+            "dev_whole_split": result.get("dev_whole_split"), "flags": STARTS[start][1],
+            **({"rescored": result["rescored"]} if "rescored" in result else {}),
             "command": (args.out / "runs" / name / "command.txt").read_text().strip()}
 
 
