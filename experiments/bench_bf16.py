@@ -99,7 +99,7 @@ def step_figures(args) -> dict:
     """Median seconds per training step of the transformer in each variant (:data:`VARIANTS`),
     alternating round by round after compilation, and each variant's mean loss of its last round."""
     model = TransformerConfig(args.vocab_size, args.width, args.layers, 4, context_tokens=1,
-                              max_len=args.seq_len + 1)
+                              max_len=args.seq_len + 1, block="gpt", output_bias=True)
     states = {}
     for name in VARIANTS:
         config = TrainConfig(steps=1000, batch_size=args.batch_size, seq_len=args.seq_len, compute_dtype=name)

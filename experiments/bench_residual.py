@@ -58,7 +58,7 @@ def build(args, kind: str):
     from saffu.models.interface import model_init
     from saffu.training.recipes import residual_start
     workdir = open_workdir(args.workdir)
-    base = TransformerConfig(workdir.vocab_size, width=args.width, layers=args.layers)
+    base = TransformerConfig(workdir.vocab_size, width=args.width, layers=args.layers, block="gpt", output_bias=True)
     train = TrainConfig(batch_size=args.batch_size, seq_len=args.seq_len)
     key = jax.random.key(0)
     if kind == "transformer":

@@ -91,7 +91,7 @@ def _model(kind: str, args):
     from saffu.data.workdir import open_workdir
     from saffu.models.interface import model_init
     workdir = open_workdir(args.workdir)
-    base = TransformerConfig(workdir.vocab_size, width=args.width, layers=args.layers)
+    base = TransformerConfig(workdir.vocab_size, width=args.width, layers=args.layers, block="gpt", output_bias=True)
     key = jax.random.key(0)
     if kind == "transformer":
         return base, model_init(base, key), workdir

@@ -106,7 +106,7 @@ def _saffu_child(spec: dict, batches: np.ndarray, data_parallel: bool, profile: 
     from saffu.training.trainer import StepStats, make_optimizer, make_train_step
 
     model = TransformerConfig(spec["vocab_size"], spec["width"], spec["layers"], spec["heads"],
-                              context_tokens=spec["context"])
+                              context_tokens=spec["context"], block="gpt", output_bias=True)
     total = spec["warm_steps"] + spec["steps"]
     config = TrainConfig(steps=total, batch_size=spec["batch_size"], seq_len=spec["seq_len"], warmup_steps=2)
     optimizer = make_optimizer(config, total)
@@ -327,7 +327,8 @@ def _prepare(args, folder: Path) -> dict:
     from saffu.models.interface import model_init
     from saffu.training.trainer import BatchSchedule
 
-    model = TransformerConfig(args.vocab_size, args.width, args.layers, args.heads, context_tokens=args.context)
+    model = TransformerConfig(args.vocab_size, args.width, args.layers, args.heads, context_tokens=args.context,
+                              block="gpt", output_bias=True)
     total = args.warm_steps + args.steps
     if (args.workdir / "meta.json").exists():
         from saffu.data.workdir import open_workdir

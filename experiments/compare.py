@@ -187,8 +187,8 @@ def main(argv=None):
                            curve=seeds[0]["curve"], seed_curves=[r["curve"] for r in seeds])
     for name, (width, layers) in (("transformer", args.transformer), ("transformer_up", args.transformer_up)):
         if width and layers:
-            results[name] = trained(name, out / name, ["--init", "random", "--model", "transformer", "--width",
-                                                       str(width), "--layers", str(layers),
+            results[name] = trained(name, out / name, ["--init", "random", "--model", "transformer", "--block", "gpt",
+                                                       "--output-bias", "--width", str(width), "--layers", str(layers),
                                                        "--learning-rate", str(args.transformer_lr)])
 
     # Kneser-Ney from the engine's n-gram counts

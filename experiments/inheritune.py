@@ -103,7 +103,8 @@ def reference_of(args, source):
     if (args.reference / "config.json").exists():
         config = load_run_config(args.reference)
     else:                                                    # a warm_transformer.py run: its default model
-        config = TransformerConfig(source.vocab_size, width=args.width, layers=args.reference_layers)
+        config = TransformerConfig(source.vocab_size, width=args.width, layers=args.reference_layers,
+                                   block="gpt", output_bias=True)
     if config.kind != "transformer":
         raise SystemExit(f"{args.reference} holds a {config.kind}; the reference must be a transformer")
     params = _load(args.reference, config)

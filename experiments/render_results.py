@@ -662,6 +662,35 @@ Longer budgets (whole dev split), the chosen weight decay and dropout: {best}.
 |---:|---:|---:|---:|---:|---:|---:|---:|
 {budgets}
 """ if budgets else ""))
+    for start, runs in f.get("architectures", {}).items():
+        rows = "\n".join(f"| {r['epochs']:g} | {r['learning_rate']:g} | {r['weight_decay']:g} | {r['dropout']:g} | "
+                         f"{r['dev_bpb']:.4f} | {r['train_loss']:.3f} | {r['train_seconds']:,.0f} |"
+                         for r in sorted(runs, key=lambda r: r["epochs"]))
+        sections.append(f"""## {start} (`{' '.join(f['flags'][start])}`), at the grid's values
+
+| epochs | learning rate | weight decay | dropout | dev bits/byte | last training loss (nats) | seconds |
+|---:|---:|---:|---:|---:|---:|---:|
+{rows}
+""")
+    kinds = {"measured": "", "lower_bound": "≥ ", "upper_bound": "≤ "}
+    race_rows = "\n".join(
+        f"| {start} | {r['epochs']:g} | {r['dev_bpb']:.4f} | {r['compute']:.3e} | {kinds[r['multiplier_kind']]}"
+        f"{r['multiplier']:.2f}× ({r['multiplier_kind'].replace('_', ' ')}) | {r['cold']} | {r['gap_nats']:.3f} | "
+        f"{'–' if r['cold_gap_nats'] is None else format(r['cold_gap_nats'], '.3f')} |"
+        for start, rows in f.get("race", {}).items() for r in rows)
+    if race_rows:
+        sections.insert(0, f"""## The race: compute multipliers against the tuned cold curve
+
+Each explicit start's best run of a budget against its architecture's cold curve (the best cold
+run of each budget of an epoch or more; compute is training FLOPs plus the explicit solve's
+share): the cold compute that reaches the same dev figure, interpolated in log compute between
+two cold budgets (`measured`), or a bound where the curve does not reach it. The gaps are dev
+loss minus the last training loss (nats).
+
+| start | epochs | dev bits/byte | compute (FLOPs) | multiplier | against | train–dev gap | cold's gap |
+|---|---:|---:|---:|---:|---|---:|---:|
+{race_rows}
+""")
     return f"""# One tuning protocol for every start
 
 Generated from [`results/tuning.json`](../../results/tuning.json) by `experiments/render_results.py`.
@@ -675,7 +704,15 @@ edge (no weight decay and no dropout are floors, not edges). Then, at each longe
 weight decay and dropout with the chosen rate and its ½× and 2× neighbours, scored on
 {f['protocol']['budget_figure']}. Each row is one `saffu train` command (in `results/tuning.json`).
 
-""" + "\n".join(sections)
+""" + "\n".join(sections) + _rescored_note(f)
+
+
+def _rescored_note(f: dict) -> str:
+    rows = [r for t in f["starts"].values() for b in t["budgets"].values() for r in b["runs"]]
+    rows += [r for runs in f.get("architectures", {}).values() for r in runs]
+    rescored = [r["name"] for r in rows if r.get("rescored")]
+    return (f"\nRescored ({', '.join(rescored)}): {next(r['rescored'] for r in rows if r.get('rescored'))}.\n"
+            if rescored else "")
 
 
 RENDERERS = {"hf_explicit_init": hf_explicit_init, "tuning": tuning, "bench_train": bench_train, "bench_bf16": bench_bf16, "bench_scoring": bench_scoring, "bench_stats": bench_stats, "soak": soak, "budgets": budgets, "any_model": any_model, "setup": setup}

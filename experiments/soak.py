@@ -79,7 +79,8 @@ def main(argv=None):
     workdir = (open_workdir(args.workdir) if args.workdir else
                prepare(babylm_corpus(Path(__file__).resolve().parents[1] / "data" / "default_corpus"),
                        root / "work", PrepareConfig(vocab_size=512), show_progress=False))
-    model = TransformerConfig(workdir.vocab_size, width=args.width, layers=2, heads=2, context_tokens=16, max_len=96)
+    model = TransformerConfig(workdir.vocab_size, width=args.width, layers=2, heads=2, context_tokens=16, max_len=96,
+                              block="gpt", output_bias=True)
     stream, dev = workdir.tokens(workdir.train_split), workdir.tokens("dev")
     base = TrainConfig(batch_size=16, seq_len=64, eval_every=args.every, checkpoint_every=args.every,
                        eval_windows=16, seed=args.seed)

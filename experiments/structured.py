@@ -96,7 +96,8 @@ def _transformer_config(spec: dict, args, vocab_size: int):
     from saffu.configs import TransformerConfig
     return TransformerConfig(vocab_size, width=spec["width"], layers=args.layers, ffn=spec["ffn"],
                              ffn_share=spec["share"], ffn_blocks=args.blocks,
-                             guide_share=args.self_guided if spec["training"] == "self-guided" else 0.0)
+                             guide_share=args.self_guided if spec["training"] == "self-guided" else 0.0,
+                 block="gpt", output_bias=True)
 
 
 def _factorised_config(spec: dict, args, vocab_size: int):
@@ -222,7 +223,7 @@ def latency(args, vocab_size: int) -> dict:
     for kind in ("dense",) + KINDS:
         for share in ([1.0] if kind == "dense" else args.shares):
             config = TransformerConfig(vocab_size, width=d, layers=1, heads=4, ffn=kind, ffn_share=share,
-                                       ffn_blocks=args.blocks)
+                                       ffn_blocks=args.blocks, block="gpt", output_bias=True)
             block = Block(config, rngs=nnx.Rngs(0))
             graphdef, state = nnx.split((block.mlp_in, block.mlp_out))
 

@@ -47,8 +47,8 @@ from saffu.flags import DEFAULT_CORPUS
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The starts compared: ``saffu train --init`` of each and its architecture's flags.
-LLAMA = ["--block", "llama"]
-STARTS = {"cold": ("random", []), "explicit-init": ("explicit", []),
+LLAMA, GPT = ["--block", "llama"], ["--block", "gpt", "--output-bias"]
+STARTS = {"cold": ("random", GPT), "explicit-init": ("explicit", GPT),
           "llama-cold-nobias": ("random", [*LLAMA, "--no-output-bias"]),
           "llama-explicit-nobias": ("explicit", [*LLAMA, "--no-output-bias"]),
           "llama-explicit": ("explicit", LLAMA)}

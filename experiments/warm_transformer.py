@@ -216,7 +216,7 @@ def probe(variant: str, args, source) -> dict:
 
 def _transformer(args, vocab_size: int):
     from saffu.configs import TransformerConfig
-    return TransformerConfig(vocab_size, width=args.width, layers=args.layers)
+    return TransformerConfig(vocab_size, width=args.width, layers=args.layers, block="gpt", output_bias=True)
 
 
 def _first_at(history: list[dict], target: float, offset: float, key: str) -> float:

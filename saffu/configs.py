@@ -690,12 +690,13 @@ class TransformerConfig(SelfGuided):
       ffn_blocks: blocks of ``blockdense`` / ``blockshuffle``.
       guide_share: self-guided training: the share of the training steps over which a dense
         guide's weight ``α`` falls from 1 to 0 on a cosine (``0``: no guide); see :meth:`step_inputs`.
-      output_bias: the output layer has a bias (``False``: logits ``= h B`` alone, the layout
-        ``saffu export`` writes as a Hugging Face GPT-2 checkpoint).
-      block: ``"gpt"`` (LayerNorm, biased projections, a GELU MLP, learned absolute positions)
-        or ``"llama"`` (RMSNorm, projections without biases, a SwiGLU MLP of :attr:`mlp_hidden`
-        units, rotary positions on queries and keys, no position table); the output layer's bias
-        follows ``output_bias`` in both.
+      output_bias: the output layer has a bias (default ``False``: logits ``= h B`` alone, the
+        layout ``saffu export`` writes as a Hugging Face checkpoint; see ``results/tuning.json``).
+      block: ``"llama"`` (the default: RMSNorm, projections without biases, a SwiGLU MLP of
+        :attr:`mlp_hidden` units, rotary positions on queries and keys, no position table) or
+        ``"gpt"`` (LayerNorm, biased projections, a GELU MLP, learned absolute positions;
+        structured MLPs, self-guided training and attention profiles are its own); the output
+        layer's bias follows ``output_bias`` in both.
     """
 
     vocab_size: int
@@ -709,8 +710,8 @@ class TransformerConfig(SelfGuided):
     ffn_share: float = 0.32
     ffn_blocks: int = 4
     guide_share: float = 0.0
-    output_bias: bool = True
-    block: str = "gpt"
+    output_bias: bool = False
+    block: str = "llama"
     kind: str = "transformer"
 
     def __post_init__(self):

@@ -479,7 +479,7 @@ def _init_weights_flags(p) -> None:
 def _export_flags(p) -> None:
     """a trained transformer run as a Hugging Face checkpoint (GPT-2 or Llama)
 
-    Write a transformer run (trained with --no-output-bias) as config.json, model.safetensors, the
+    Write a transformer run without an output bias (the default) as config.json, model.safetensors, the
     tokenizer files and a model card (README.md) of a checkpoint that transformers loads:
     GPT2LMHeadModel for the gpt block, LlamaForCausalLM for the llama block. --step or --words picks
     an earlier checkpoint."""

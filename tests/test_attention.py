@@ -93,7 +93,8 @@ def _windows(workdir, count, length):
 
 
 def test_transformer_maps_equal_a_float64_reference_and_average_exactly(tiny_workdir):
-    config = TransformerConfig(tiny_workdir.vocab_size, width=16, layers=2, heads=2, context_tokens=4, max_len=64)
+    config = TransformerConfig(tiny_workdir.vocab_size, width=16, layers=2, heads=2, context_tokens=4, max_len=64,
+                               block="gpt", output_bias=True)
     params = model_init(config, jax.random.key(1))
     windows = _windows(tiny_workdir, 5, 20)
     assert (windows == EOD_ID).any()                                    # documents end inside windows
@@ -181,13 +182,13 @@ def test_offset_profile_of_uniform_collapsed_and_recomputed_saffu_attention(tiny
     np.testing.assert_allclose(head["mean_by_offset"], total / count, atol=1e-5)
     assert head["mean_top_weight"] == pytest.approx(top / count, abs=1e-5)
     with pytest.raises(SaffuError, match="does not attend over offsets"):
-        offset_profile({}, TransformerConfig(97), windows)
+        offset_profile({}, TransformerConfig(97, block="gpt", output_bias=True), windows)
 
 
 def test_residual_and_factorised_models_show_their_trainable_attention(tiny_workdir, exact_model_small):
     V = tiny_workdir.vocab_size
     windows = _windows(tiny_workdir, 2, 12)
-    base = TransformerConfig(V, width=16, layers=1, heads=2, context_tokens=4, max_len=64)
+    base = TransformerConfig(V, width=16, layers=1, heads=2, context_tokens=4, max_len=64, block="gpt", output_bias=True)
     explicit_config, explicit = exact_model_small
     residual = ResidualConfig(base, explicit_config, "unused")
     params = {**model_init(residual, jax.random.key(0)), "explicit": explicit}
@@ -217,7 +218,8 @@ def test_cli_inspect_writes_json_and_a_plot(tiny_workdir, tmp_path, capsys):
     from saffu.cli import main
     run, metrics = tmp_path / "tf", tmp_path / "m.json"
     args = ["--workdir", str(tiny_workdir.path), "--run", str(run)]
-    assert main(["train", *args, "--init", "random", "--model", "transformer", "--width", "16", "--layers", "2",
+    assert main(["train", *args, "--init", "random", "--model", "transformer", "--block", "gpt", "--output-bias",
+                 "--width", "16", "--layers", "2",
                  "--attention-heads", "2", "--context", "4", "--max-len", "40", "--steps", "2", "--batch-size", "2",
                  "--seq-len", "16", "--eval-tokens", "64", "--quiet"]) == 0
     assert main(["inspect", *args, "--windows", "3", "--quiet", "--metrics-json", str(metrics)]) == 0

@@ -40,7 +40,7 @@ MODELS = {
     "chain-log": lambda v: SaffuConfig(vocab_size=v, bits=16, radius=4, heads=2, hidden=9, value_form="log"),
     "stacked": lambda v: SaffuConfig(vocab_size=v, bits=16, radius=3, blocks=2, positions=1),
     "transformer": lambda v: TransformerConfig(vocab_size=v, width=16, layers=2, heads=2, context_tokens=4,
-                                               max_len=64),
+                                               max_len=64, block="gpt", output_bias=True),
 }
 
 
@@ -73,7 +73,8 @@ def test_exact_and_residual_sentence_scores_match_a_direct_forward(tiny_workdir,
     config, params = exact_config, exact
     assert document_local(exact_config)
     if model == "residual":
-        base = TransformerConfig(vocab_size=V, width=16, layers=2, heads=2, context_tokens=4, max_len=64)
+        base = TransformerConfig(vocab_size=V, width=16, layers=2, heads=2, context_tokens=4, max_len=64,
+                                 block="gpt", output_bias=True)
         config = ResidualConfig(base, exact_config, "unused")
         params = with_explicit({"model": model_init(base, jax.random.key(1)), "scale": jnp.float32(0.6)}, exact)
     tokenizer = tiny_workdir.tokenizer()

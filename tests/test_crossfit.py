@@ -96,7 +96,8 @@ def test_step_zero_is_each_folds_exact_model_on_that_folds_windows(tiny_workdir,
     params, _ = solve_exact(tiny_workdir, config, progress=False)
     save_explicit_run(tmp_path / "exact", config, tiny_workdir, params)
     runs, _, _ = solve_folds(tiny_workdir, config, 2, tmp_path / "folds", blocks=8)
-    base = TransformerConfig(tiny_workdir.vocab_size, width=16, layers=1, heads=2, context_tokens=4, max_len=64)
+    base = TransformerConfig(tiny_workdir.vocab_size, width=16, layers=1, heads=2, context_tokens=4, max_len=64,
+                             block="gpt", output_bias=True)
     model, start = residual_start(base, tmp_path / "exact", jax.random.key(0), fold_runs=tuple(runs), fold_blocks=8)
     assert model.fixed_params == ("explicit", "folds", "scale")
     stream = np.asarray(tiny_workdir.tokens("train_10M"))
@@ -140,7 +141,8 @@ def test_cli_cross_fitted_residual_trains_and_scores_on_the_whole_splits_tables(
                  "100", "--quiet", "--metrics-json", str(metrics)]) == 0
     exact_bpb = json.loads(metrics.read_text())["dev_bpb"]
     run = tmp_path / "crossfit"
-    small = ["--model", "transformer", "--width", "16", "--layers", "1", "--attention-heads", "2", "--context", "4",
+    small = ["--model", "transformer", "--block", "gpt", "--output-bias",
+             "--width", "16", "--layers", "1", "--attention-heads", "2", "--context", "4",
              "--max-len", "64", "--batch-size", "2", "--seq-len", "8", "--quiet"]
     assert main(["train", *work, "--run", str(run), "--init", "random", "--residual", str(exact), "--cross-fit", "2",
                  *small, "--steps", "2", "--learning-rate", "0", "--metrics-json", str(metrics)]) == 0

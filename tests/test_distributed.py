@@ -112,8 +112,8 @@ def test_two_processes_train_like_one_and_resume(tiny_workdir, tmp_path):
 
     from saffu.training.checkpoints import load_params, load_run_config
     train = ["train", "--workdir", str(tiny_workdir.path), "--init", "random", "--model", "transformer",
-             "--width", "16", "--layers", "1", "--heads", "2", "--context", "4", "--seq-len", "16",
-             "--batch-size", "4", "--eval-every", "2", "--eval-tokens", "0", "--quiet"]
+             "--block", "gpt", "--output-bias", "--width", "16", "--layers", "1", "--heads", "2", "--context", "4",
+             "--seq-len", "16", "--batch-size", "4", "--eval-every", "2", "--eval-tokens", "0", "--quiet"]
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}   # one device per process, as on a CPU
     saffu = lambda *argv: subprocess.run([sys.executable, "-m", "saffu", *train, *argv], capture_output=True,
                                          text=True, timeout=300, env=env)

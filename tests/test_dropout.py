@@ -29,7 +29,8 @@ def test_dropout_zeroes_its_share_and_keeps_the_mean():
 
 
 def test_training_dropout_changes_steps_not_evaluation_and_resumes_exactly(tiny_workdir, tmp_path):
-    config = TransformerConfig(tiny_workdir.vocab_size, width=16, layers=1, heads=2, context_tokens=4, max_len=32)
+    config = TransformerConfig(tiny_workdir.vocab_size, width=16, layers=1, heads=2, context_tokens=4, max_len=32,
+                               block="gpt", output_bias=True)
     params = model_init(config, jax.random.key(1))
     stream, dev = tiny_workdir.tokens("train_10M"), tiny_workdir.tokens("dev")
     settings = TrainConfig(steps=4, batch_size=2, seq_len=16, eval_every=2, checkpoint_every=2, seed=5,

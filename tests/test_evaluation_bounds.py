@@ -97,7 +97,7 @@ def test_bounded_evaluation_equals_first_principles(tiny_workdir):
 
 def test_the_transformer_evaluates_through_the_same_path(tiny_workdir):
     config = TransformerConfig(vocab_size=tiny_workdir.vocab_size, width=16, layers=1, heads=2,
-                               context_tokens=4, max_len=40)
+                               context_tokens=4, max_len=40, block="gpt", output_bias=True)
     params = model_init(config, jax.random.key(0))
     full = evaluate_split(params, config, tiny_workdir, "dev", progress=False)
     part = evaluate_split(params, config, tiny_workdir, "dev", max_tokens=30, progress=False)

@@ -77,7 +77,8 @@ def test_every_config_flag_default_is_the_configs():
     parse = lambda *argv: vars(build_parser().parse_args(argv))
     train = parse("train", "--workdir", "w", "--run", "r", "--init", "random")
     assert train["eval_tokens"] == configs.EvalConfig.eval_tokens
-    assert train["self_guided"] == configs.TransformerConfig.guide_share and train["output_bias"] is True
+    assert train["self_guided"] == configs.TransformerConfig.guide_share and train["output_bias"] is False
+    assert train["block"] == configs.TransformerConfig.block == "llama"
     assert train["cross_fit"] == configs.ResidualConfig.folds and train["residual_scale"] == "fixed"
     generate = parse("generate", "--workdir", "w", "--run", "r")
     assert {k: generate[k] for k in ("num_samples", "max_tokens", "temperature", "top_k", "seed", "prompt")} == \

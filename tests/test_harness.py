@@ -19,7 +19,7 @@ from saffu.models.interface import model_init, model_logits
 
 lm_eval = pytest.importorskip("lm_eval")
 
-SMALL = {"width": 16, "layers": 2, "heads": 2, "context_tokens": 4, "max_len": 24}
+SMALL = {"width": 16, "layers": 2, "heads": 2, "context_tokens": 4, "max_len": 24, "block": "gpt", "output_bias": True}
 SENTENCES = ["the cat sat on the mat .", "the cats sat on the log .", "a dog saw the cats .", "where is the cat ?"]
 
 

@@ -21,14 +21,15 @@ def _same(a, b) -> bool:
 
 @pytest.fixture(scope="module")
 def reference():
-    config = TransformerConfig(97, width=16, layers=4, heads=2, context_tokens=4, max_len=32)
+    config = TransformerConfig(97, width=16, layers=4, heads=2, context_tokens=4, max_len=32, block="gpt", output_bias=True)
     return config, model_init(config, jax.random.key(0))
 
 
 def test_inheritance_copies_exactly_the_first_blocks_and_the_ends(reference):
     config, params = reference
     small, inherited = inherit_layers(params, config, 2)
-    assert small == TransformerConfig(97, width=16, layers=2, heads=2, context_tokens=4, max_len=32)
+    assert small == TransformerConfig(97, width=16, layers=2, heads=2, context_tokens=4, max_len=32,
+                                      block="gpt", output_bias=True)
     assert sorted(inherited["blocks"]) == [0, 1]
     for index in (0, 1):
         assert _same(inherited["blocks"][index], params["blocks"][index])
@@ -59,7 +60,7 @@ def test_growth_appends_the_reference_block_and_keeps_the_first(reference):
         full_config, full = grow_layer(full, full_config, params, config)
     with pytest.raises(SaffuError, match="cannot inherit block 4"):
         grow_layer(full, full_config, params, config)
-    other = TransformerConfig(97, width=32, layers=1, heads=2, context_tokens=4, max_len=32)
+    other = TransformerConfig(97, width=32, layers=1, heads=2, context_tokens=4, max_len=32, block="gpt", output_bias=True)
     with pytest.raises(SaffuError, match="differ"):
         grow_layer(model_init(other, jax.random.key(3)), other, params, config)
 
@@ -72,7 +73,8 @@ def test_cli_inherits_and_grows(tiny_workdir, tmp_path, capsys):
     small_model = ["--width", "16", "--attention-heads", "2", "--context", "4", "--max-len", "40", "--batch-size", "2",
                    "--seq-len", "16", "--steps", "2", "--eval-tokens", "64", "--quiet"]
     ref, half, grown, metrics = tmp_path / "ref", tmp_path / "half", tmp_path / "grown", tmp_path / "m.json"
-    assert main(["train", *work, "--run", str(ref), "--init", "random", "--model", "transformer", "--layers", "3",
+    assert main(["train", *work, "--run", str(ref), "--init", "random", "--model", "transformer", "--block", "gpt",
+                 "--output-bias", "--layers", "3",
                  *small_model]) == 0
     assert main(["train", *work, "--run", str(half), "--init", "inherit", "--reference", str(ref), *small_model,
                  "--metrics-json", str(metrics)]) == 0

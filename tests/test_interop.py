@@ -321,19 +321,19 @@ def test_export_matches_an_independent_forward(tiny_workdir, tmp_path, block):
 
 
 @pytest.mark.slow
-def test_export_refuses_what_gpt2_cannot_hold(tiny_workdir, tmp_path, capsys):
+def test_a_default_run_exports_and_a_biased_one_is_refused(tiny_workdir, tmp_path, capsys):
     args = ["--workdir", str(tiny_workdir.path), "--quiet"]
     common = ["--model", "transformer", "--width", "16", "--layers", "1", "--attention-heads", "2", "--context", "4",
               "--max-len", "24", "--steps", "2", "--batch-size", "2", "--seq-len", "8", "--eval-tokens", "0"]
-    assert main(["train", *args, "--run", str(tmp_path / "biased"), "--init", "random", *common]) == 0
+    assert main(["train", *args, "--run", str(tmp_path / "biased"), "--init", "random", "--output-bias", *common]) == 0
     capsys.readouterr()
     assert main(["export", *args, "--run", str(tmp_path / "biased"), "--out", str(tmp_path / "x")]) != 0
     error = capsys.readouterr().err.strip()
     assert error.count("\n") == 0 and "train it with --no-output-bias" in error
-    assert main(["train", *args, "--run", str(tmp_path / "free"), "--init", "random", "--no-output-bias",
-                 *common]) == 0
+    assert main(["train", *args, "--run", str(tmp_path / "free"), "--init", "random", *common]) == 0   # the defaults
     assert main(["export", *args, "--run", str(tmp_path / "free"), "--out", str(tmp_path / "hf"),
                  "--metrics-json", str(tmp_path / "m.json")]) == 0
+    assert json.loads((tmp_path / "m.json").read_text())["architecture"] == "LlamaForCausalLM"
     capsys.readouterr()
     assert main(["export", *args, "--run", str(tmp_path / "free"), "--out", str(tmp_path / "hf2"),
                  "--checkpoint", "explicit"]) != 0

@@ -13,7 +13,7 @@ from saffu.data.tokenizer import EOD_ID
 from saffu.models.interface import model_init, model_logits, target_loss
 from saffu.models.transformer import rotate
 
-CONFIG = TransformerConfig(60, width=16, layers=2, heads=2, context_tokens=4, max_len=32, block="llama")
+CONFIG = TransformerConfig(60, width=16, layers=2, heads=2, context_tokens=4, max_len=32, block="llama", output_bias=True)
 
 
 def _reference(params, config, tokens):
@@ -88,7 +88,7 @@ def test_the_llama_block_sizes_and_refusals():
     from saffu.interop.hf import exportable
     exportable(TransformerConfig(60, block="llama", output_bias=False))                  # LlamaForCausalLM
     with pytest.raises(SaffuError, match="no-output-bias"):
-        exportable(TransformerConfig(60, block="llama"))
+        exportable(TransformerConfig(60, block="llama", output_bias=True))
     from saffu.models.transformer import transformer_attention
     with pytest.raises(SaffuError, match="rotary"):
         transformer_attention(params, CONFIG, jnp.ones((1, 6), jnp.int32))

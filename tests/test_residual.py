@@ -48,7 +48,8 @@ def _residual(workdir, exact_model, base, scale="fixed"):
 @pytest.mark.parametrize("base_kind", ["transformer", "saffu", "factorised"])
 def test_residual_at_step_zero_is_the_explicit_model(tiny_workdir, exact_model, base_kind):
     V = tiny_workdir.vocab_size
-    base = {"transformer": TransformerConfig(V, width=16, layers=1, heads=2, context_tokens=4, max_len=64),
+    base = {"transformer": TransformerConfig(V, width=16, layers=1, heads=2, context_tokens=4, max_len=64,
+                                             block="gpt", output_bias=True),
             "saffu": SaffuConfig(V, bits=10, radius=4, heads=1),
             "factorised": FactorisedConfig(V, rank=8, positions=2, radius=4)}[base_kind]
     config, params = _residual(tiny_workdir, exact_model, base)
@@ -73,7 +74,7 @@ def _per_group_log_probs(explicit_config, explicit, tokens):
 def test_residual_loss_and_gradients_equal_the_per_group_lookup(tiny_workdir, exact_model):
     V = tiny_workdir.vocab_size
     explicit_config, explicit = exact_model
-    base = TransformerConfig(V, width=16, layers=1, heads=2, context_tokens=4, max_len=64)
+    base = TransformerConfig(V, width=16, layers=1, heads=2, context_tokens=4, max_len=64, block="gpt", output_bias=True)
     config, params = _residual(tiny_workdir, exact_model, base, scale="learned")
     assert "ell_col" not in params["explicit"]["groups"][0]                 # held compacted
     tokens = _windows(tiny_workdir)
@@ -109,7 +110,7 @@ def test_residual_loss_and_gradients_equal_the_per_group_lookup(tiny_workdir, ex
 @pytest.mark.slow
 def test_no_gradient_reaches_the_frozen_explicit_tables(tiny_workdir, exact_model, tmp_path):
     V = tiny_workdir.vocab_size
-    base = TransformerConfig(V, width=16, layers=1, heads=2, context_tokens=4, max_len=64)
+    base = TransformerConfig(V, width=16, layers=1, heads=2, context_tokens=4, max_len=64, block="gpt", output_bias=True)
     config, params = _residual(tiny_workdir, exact_model, base, scale="learned")
     tokens = _windows(tiny_workdir)
     mask = jnp.ones((tokens.shape[0], tokens.shape[1] - config.context), bool)
@@ -141,7 +142,7 @@ def test_no_gradient_reaches_the_frozen_explicit_tables(tiny_workdir, exact_mode
 @pytest.mark.slow
 def test_annealed_residual_falls_to_its_trainable_model(tiny_workdir, exact_model, tmp_path):
     V = tiny_workdir.vocab_size
-    base = TransformerConfig(V, width=16, layers=1, heads=2, context_tokens=4, max_len=64)
+    base = TransformerConfig(V, width=16, layers=1, heads=2, context_tokens=4, max_len=64, block="gpt", output_bias=True)
     explicit_config, explicit = exact_model
     config = ResidualConfig(base, explicit_config, "unused", scale="annealed", anneal_share=0.5)
     params = with_explicit(model_init(config, jax.random.key(3)), explicit)
@@ -172,13 +173,14 @@ def test_annealed_residual_falls_to_its_trainable_model(tiny_workdir, exact_mode
 
 def test_residual_config_errors(exact_model):
     explicit_config, _ = exact_model
-    base = TransformerConfig(explicit_config.vocab_size, width=16, layers=1, heads=2)
+    base = TransformerConfig(explicit_config.vocab_size, width=16, layers=1, heads=2, block="gpt", output_bias=True)
     with pytest.raises(SaffuError, match="scale"):
         ResidualConfig(base, explicit_config, "r", scale="annealed-ish")
     with pytest.raises(SaffuError, match="exact model"):
         ResidualConfig(base, base, "r")
     with pytest.raises(SaffuError, match="tokens"):
-        ResidualConfig(TransformerConfig(explicit_config.vocab_size + 1, width=16, layers=1, heads=2),
+        ResidualConfig(TransformerConfig(explicit_config.vocab_size + 1, width=16, layers=1, heads=2,
+                                         block="gpt", output_bias=True),
                        explicit_config, "r")
     assert ResidualConfig(base, explicit_config, "r").fixed_params == ("explicit", "scale")
     assert ResidualConfig(base, explicit_config, "r", scale="learned").fixed_params == ("explicit",)
@@ -188,7 +190,7 @@ def test_residual_config_errors(exact_model):
 
 def test_explicit_init_keeps_the_random_tree_and_takes_the_factors(tiny_workdir):
     V = tiny_workdir.vocab_size
-    config = TransformerConfig(V, width=16, layers=2, heads=2, context_tokens=4, max_len=64)
+    config = TransformerConfig(V, width=16, layers=2, heads=2, context_tokens=4, max_len=64, block="gpt", output_bias=True)
     factors, _ = solve_factorised(tiny_workdir, FactorisedConfig(V, rank=16, positions=1),
                                   FactorConfig(holdout_tokens=200), progress=False)
     key = jax.random.key(0)
@@ -212,7 +214,8 @@ def test_explicit_init_keeps_the_random_tree_and_takes_the_factors(tiny_workdir)
     np.testing.assert_array_equal(only_bias["embed"]["embedding"], random["embed"]["embedding"])
     np.testing.assert_array_equal(only_bias["blocks"][0]["mlp_in"]["kernel"], random["blocks"][0]["mlp_in"]["kernel"])
     with pytest.raises(SaffuError, match="rank 32"):
-        explicit_transformer_init(TransformerConfig(V, width=32, layers=1, heads=2), key, factors)
+        explicit_transformer_init(TransformerConfig(V, width=32, layers=1, heads=2,
+                                                    block="gpt", output_bias=True), key, factors)
     with pytest.raises(SaffuError, match="pieces"):
         explicit_transformer_init(config, key, factors, ("attention",))
     with pytest.raises(SaffuError, match="RMS must be > 0"):
@@ -229,7 +232,8 @@ def test_cli_residual_and_explicit_transformer(tiny_workdir, exact_model, tmp_pa
     assert main(["exact", *work, "--run", str(exact_run), "--groups", "0 1 0,1", "--buckets", "3",
                  "--holdout-tokens", "200", "--quiet", "--metrics-json", str(metrics)]) == 0
     exact_bpb = json.loads(metrics.read_text())["dev_bpb"]
-    small = ["--model", "transformer", "--width", "16", "--layers", "1", "--attention-heads", "2", "--context", "4",
+    small = ["--model", "transformer", "--block", "gpt", "--output-bias",
+             "--width", "16", "--layers", "1", "--attention-heads", "2", "--context", "4",
              "--max-len", "64", "--batch-size", "2", "--seq-len", "16", "--eval-every", "2", "--quiet"]
     run = tmp_path / "residual"
     # zero steps of learning rate: the trained model is still the exact model

@@ -28,7 +28,7 @@ from saffu.models.transformer import drop_guide, parameter_count_of
 from saffu.training.trainer import TrainConfig, train
 
 KINDS = ("lowrank", "blockdense", "blockshuffle")
-SMALL = dict(width=16, layers=2, heads=2, context_tokens=4, max_len=64)
+SMALL = dict(width=16, layers=2, heads=2, context_tokens=4, max_len=64, block="gpt", output_bias=True)
 
 
 def _random_factors(kind, n_in, n_out, size, blocks, seed=0):
@@ -310,7 +310,8 @@ def test_a_self_guided_factorised_output_starts_as_its_dense_guide(tiny_workdir,
 @pytest.mark.slow
 def test_cli_trains_a_self_guided_structured_transformer(tiny_workdir, tmp_path):
     run, metrics, dense_run = tmp_path / "sg", tmp_path / "m.json", tmp_path / "dense"
-    shape = ["--init", "random", "--model", "transformer", "--width", "16", "--layers", "1", "--attention-heads", "2",
+    shape = ["--init", "random", "--model", "transformer", "--block", "gpt", "--output-bias",
+             "--width", "16", "--layers", "1", "--attention-heads", "2",
              "--context", "4", "--max-len", "40", "--steps", "4", "--batch-size", "2", "--seq-len", "16", "--quiet"]
     assert main(["train", "--workdir", str(tiny_workdir.path), "--run", str(dense_run), *shape]) == 0
     assert main(["train", "--workdir", str(tiny_workdir.path), "--run", str(run), *shape, "--ffn", "blockdense",
@@ -318,7 +319,7 @@ def test_cli_trains_a_self_guided_structured_transformer(tiny_workdir, tmp_path)
                  "--metrics-json", str(metrics)]) == 0
     figures = json.loads(metrics.read_text())
     dense = TransformerConfig(vocab_size=tiny_workdir.vocab_size, width=16, layers=1, heads=2, context_tokens=4,
-                              max_len=40)
+                              max_len=40, block="gpt", output_bias=True)
     assert figures["params"] < parameter_count_of(dense)
     # bits per byte from the dev loss, the dev targets (every token after the leading <eod>) and
     # the dev split's UTF-8 bytes (one newline per document), counted here from the corpus

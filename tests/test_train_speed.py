@@ -90,7 +90,7 @@ def test_attention_equals_flax_multi_head_attention_and_its_gradients():
     np.testing.assert_allclose(float(loss(params, x, True)), float(loss(params, x, False)), rtol=1e-5)
 
 
-SMALL = {"width": 32, "layers": 2, "heads": 4, "context_tokens": 4, "max_len": 64}
+SMALL = {"width": 32, "layers": 2, "heads": 4, "context_tokens": 4, "max_len": 64, "block": "gpt", "output_bias": True}
 
 
 def test_transformer_training_loss_equals_the_whole_logits_formula():

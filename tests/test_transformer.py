@@ -19,7 +19,7 @@ from saffu.solve.stack import SolverConfig, solve_explicit
 from saffu.training.checkpoints import load_params
 from saffu.training.trainer import TrainConfig, train
 
-SMALL = dict(width=16, layers=2, heads=2, context_tokens=4, max_len=64)
+SMALL = dict(width=16, layers=2, heads=2, context_tokens=4, max_len=64, block="gpt", output_bias=True)
 
 
 def test_attention_is_causal_and_stays_in_its_document():
@@ -50,8 +50,9 @@ def test_sizing_matches_the_target_and_counts_without_allocating():
 
 def test_bad_configs_and_windows_are_clear_errors():
     with pytest.raises(SaffuError, match="multiple"):
-        TransformerConfig(vocab_size=40, width=10, heads=3)
-    config = TransformerConfig(vocab_size=40, width=8, layers=1, heads=2, context_tokens=2, max_len=8)
+        TransformerConfig(vocab_size=40, width=10, heads=3, block="gpt", output_bias=True)
+    config = TransformerConfig(vocab_size=40, width=8, layers=1, heads=2, context_tokens=2, max_len=8,
+                               block="gpt", output_bias=True)
     with pytest.raises(SaffuError, match="max_len"):
         model_logits(config, model_init(config, jax.random.key(0)), jnp.zeros((1, 9), jnp.int32))
 
@@ -69,7 +70,7 @@ FLOP_CASES = [
     # K = 33 code dims, radius 8, one head, 2 positions, V = 256: per token similarities 8·33,
     # scores through the 8 × 8 attention 8², value 8·33, output 3 groups × 33·256; compiled: 8 + 32 = 40 positions
     # the llama block, same sizes: its SwiGLU MLP has 3 matrices of 64 × 176 (2/3 of 4·64, rounded up to 8)
-    (TransformerConfig(vocab_size=40, **{**SMALL, "width": 64}, block="llama"),
+    (TransformerConfig(vocab_size=40, **{**SMALL, "width": 64, "block": "llama"}),
      2 * (4 * 64 * 64 + 3 * 64 * 176) + 2 * 2 * 18.5 * 64 + 64 * 40,
      2 * (2 * 36 * (4 * 64 * 64 + 3 * 64 * 176) + 2 * 2 * 36 * 36 * 64 + 36 * 64 * 40)),
     (SaffuConfig(vocab_size=256, bits=32),
@@ -135,7 +136,8 @@ def test_solver_reports_its_compute(tiny_workdir):
 def test_cli_trains_evaluates_and_scores_blimp_on_a_transformer(tiny_workdir, tmp_path, capsys):
     run, metrics = tmp_path / "tf", tmp_path / "m.json"
     args = ["--workdir", str(tiny_workdir.path), "--run", str(run)]
-    assert main(["train", *args, "--init", "random", "--model", "transformer", "--width", "16", "--layers", "1",
+    assert main(["train", *args, "--init", "random", "--model", "transformer", "--block", "gpt", "--output-bias",
+                 "--width", "16", "--layers", "1",
                  "--attention-heads", "2", "--context", "4", "--max-len", "40", "--steps", "4", "--batch-size", "2",
                  "--seq-len", "16", "--learning-rate", "0.01", "--quiet", "--metrics-json", str(metrics)]) == 0
     figures = json.loads(metrics.read_text())
@@ -161,7 +163,7 @@ def test_cli_trains_evaluates_and_scores_blimp_on_a_transformer(tiny_workdir, tm
     # the pair is right iff the good sentence is likelier: each scored here as a document after
     # "<pad> <pad> <pad> <eod>", float64 log-softmax of the trained weights' logits, token by token
     config = TransformerConfig(vocab_size=tiny_workdir.vocab_size, width=16, layers=1, heads=2, context_tokens=4,
-                               max_len=40)
+                               max_len=40, block="gpt", output_bias=True)
     params, _ = load_params(run, config)
     scores = []
     for sentence in ("the cat sat .", "cat the sat ."):
@@ -188,7 +190,8 @@ def test_greedy_generation_continues_the_prompt_as_a_whole_sequence_forward_does
     from saffu.data.tokenizer import decode
     from saffu.eval.scoring import cached, generate
     V = tiny_workdir.vocab_size
-    config = {"transformer": TransformerConfig(V, width=16, layers=2, heads=2, context_tokens=24, max_len=64),
+    config = {"transformer": TransformerConfig(V, width=16, layers=2, heads=2, context_tokens=24, max_len=64,
+                                               block="gpt", output_bias=True),
               "saffu": SaffuConfig(V, bits=10, radius=4, heads=1)}[kind]
     params = model_init(config, jax.random.key(5))
     assert cached(config, 20) == (kind == "transformer")
@@ -236,7 +239,7 @@ def test_the_key_value_cache_gives_the_whole_sequence_logits():
     np.testing.assert_allclose(np.stack(rows, 1), np.asarray(model_logits(config, params, behind))[:, 3:], atol=1e-5)
     with pytest.raises(SaffuError, match="dense transformer"):
         decode_step(params, TransformerConfig(50, width=16, layers=1, heads=2, context_tokens=4, max_len=16,
-                                              ffn="lowrank"), cache, tokens[:, 0])
+                                              ffn="lowrank", block="gpt", output_bias=True), cache, tokens[:, 0])
 
 
 def _dot_operand_dtypes(fn, *args) -> set[tuple[str, ...]]:

@@ -6,7 +6,7 @@ MLP, biased attention projections, a final LayerNorm); the llama block is Llama'
 rotary positions in the rotate-half layout, SwiGLU, no biases). The differences:
 
 * saffu's output layer is untied and may have a bias. Neither architecture has an output bias,
-  so a run trained with an output bias does not export (train with ``--no-output-bias``); the
+  so a run trained with ``--output-bias`` does not export (the default has none); the
   untied output becomes ``lm_head.weight`` with ``tie_word_embeddings = false``.
 * saffu reads a document from position ``context − 1`` (its ``<eod>`` there, the first position
   training predicts from; :mod:`saffu.eval.blimp`, :mod:`saffu.eval.continuations`,
@@ -53,7 +53,7 @@ def exportable(config) -> None:
         raise SaffuError(f"a {config.kind} run has no Hugging Face architecture; export a transformer run")
     if config.output_bias:
         raise SaffuError("this transformer's output layer has a bias, which GPT-2 and Llama lack; train it with "
-                         "--no-output-bias to export it")
+                         "--no-output-bias (the default) to export it")
     if config.ffn != "dense" or config.guide_share:
         raise SaffuError(f"a structured MLP (--ffn {config.ffn}) has no Hugging Face form; export a dense transformer")
 
