@@ -695,7 +695,7 @@ class TransformerConfig(SelfGuided):
       block: ``"llama"`` (the default: RMSNorm, projections without biases, a SwiGLU MLP of
         :attr:`mlp_hidden` units, rotary positions on queries and keys, no position table) or
         ``"gpt"`` (LayerNorm, biased projections, a GELU MLP, learned absolute positions;
-        structured MLPs, self-guided training and attention profiles are its own); the output
+        structured MLPs and self-guided training are its own); the output
         layer's bias follows ``output_bias`` in both.
     """
 

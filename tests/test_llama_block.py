@@ -16,7 +16,7 @@ from saffu.models.transformer import rotate
 CONFIG = TransformerConfig(60, width=16, layers=2, heads=2, context_tokens=4, max_len=32, block="llama", output_bias=True)
 
 
-def _reference(params, config, tokens):
+def _reference(params, config, tokens, kept=None):
     """float64 numpy logits ``[B, S, V]`` of the llama block, attention causal inside documents."""
     p = jax.tree.map(lambda x: np.asarray(x, np.float64), params)
     rms = lambda x, scale: x / np.sqrt(np.mean(x * x, -1, keepdims=True) + 1e-6) * scale
@@ -40,6 +40,8 @@ def _reference(params, config, tokens):
         scores = np.where(visible[:, None], scores, -np.inf)
         weights = np.exp(scores - scores.max(-1, keepdims=True))
         weights /= weights.sum(-1, keepdims=True)
+        if kept is not None:
+            kept.append(weights)
         x = x + np.einsum("bhst,bthk,hkd->bsd", weights, v, block["attention"]["out"]["kernel"])
         h = rms(x, block["mlp_norm"]["scale"])
         gate = h @ block["mlp_gate"]["kernel"]
@@ -89,9 +91,13 @@ def test_the_llama_block_sizes_and_refusals():
     exportable(TransformerConfig(60, block="llama", output_bias=False))                  # LlamaForCausalLM
     with pytest.raises(SaffuError, match="no-output-bias"):
         exportable(TransformerConfig(60, block="llama", output_bias=True))
+    # attention profiles (saffu inspect) read the llama block's weights too: the reference's, layer by layer
     from saffu.models.transformer import transformer_attention
-    with pytest.raises(SaffuError, match="rotary"):
-        transformer_attention(params, CONFIG, jnp.ones((1, 6), jnp.int32))
+    tokens = np.asarray([[EOD_ID, 5, 7, 9, EOD_ID, 3, 4, 8]], np.int32)
+    kept = []
+    _reference(params, CONFIG, tokens, kept)
+    for ours, theirs in zip(transformer_attention(params, CONFIG, jnp.asarray(tokens)), kept, strict=True):
+        np.testing.assert_allclose(np.asarray(ours, np.float64), theirs, atol=1e-5)
 
 
 @pytest.mark.slow    # an explicit solve, training and generation through the CLI: about half a minute

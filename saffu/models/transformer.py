@@ -36,6 +36,30 @@ def _mlp_layer(config: TransformerConfig, n_in: int, n_out: int, rngs: nnx.Rngs)
                             guided=config.guide_share > 0, rngs=rngs)
 
 
+def _projections(module: nnx.MultiHeadAttention, x: jax.Array, rotary: jax.Array | None) -> tuple[jax.Array, ...]:
+    """Queries, keys and values ``3 × [B, H, S, k]`` of ``x float[B, S, d]`` as one product (the
+    queries and keys rotated by ``rotary int32[B, S]`` where given)."""
+    batch, length, d = x.shape
+    parts = (module.query, module.key, module.value)
+    kernel = jnp.concatenate([part.kernel[...] for part in parts], axis=1)
+    qkv = x.reshape(-1, d) @ kernel.reshape(d, 3 * d)
+    if module.query.bias is not None:
+        qkv = qkv + jnp.concatenate([part.bias[...] for part in parts], axis=0).reshape(1, 3 * d)
+    q, k, v = qkv.reshape(batch, length, 3, module.num_heads, d // module.num_heads).transpose(2, 0, 3, 1, 4)
+    if rotary is not None:
+        q, k = rotate(q, rotary), rotate(k, rotary)
+    return q, k, v
+
+
+def attention_weights(module: nnx.MultiHeadAttention, x: jax.Array, mask: jax.Array,
+                      rotary: jax.Array | None = None) -> jax.Array:
+    """The post-softmax attention weights ``float32[B, H, S, S]`` (query × key) of
+    :func:`self_attention` (``mask bool[B, 1, S, S]``; ``rotary``: the llama block's positions)."""
+    q, k, _ = _projections(module, x, rotary)
+    scores = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=jnp.float32) / math.sqrt(q.shape[-1])
+    return jax.nn.softmax(jnp.where(mask, scores, jnp.finfo(jnp.float32).min), axis=-1)
+
+
 def self_attention(module: nnx.MultiHeadAttention, x: jax.Array, mask: jax.Array,
                    rotary: jax.Array | None = None) -> jax.Array:
     """``module(x, mask=mask)`` (flax's multi-head self-attention, its parameters and its
@@ -46,16 +70,8 @@ def self_attention(module: nnx.MultiHeadAttention, x: jax.Array, mask: jax.Array
     the queries and keys are rotated (:func:`rotate`; the llama block). Projections without
     biases (``use_bias=False``) are supported."""
     batch, length, d = x.shape
-    heads = module.num_heads
-    parts = (module.query, module.key, module.value)
-    kernel = jnp.concatenate([part.kernel[...] for part in parts], axis=1)
-    qkv = x.reshape(-1, d) @ kernel.reshape(d, 3 * d)
-    if module.query.bias is not None:
-        qkv = qkv + jnp.concatenate([part.bias[...] for part in parts], axis=0).reshape(1, 3 * d)
-    q, k, v = qkv.reshape(batch, length, 3, heads, d // heads).transpose(2, 0, 3, 1, 4)     # 3 × [B, H, S, k]
-    if rotary is not None:
-        q, k = rotate(q, rotary), rotate(k, rotary)
-    mixed = _softmax_attention(q * jnp.asarray(1 / math.sqrt(d // heads), q.dtype), k, v, mask)
+    q, k, v = _projections(module, x, rotary)
+    mixed = _softmax_attention(q * jnp.asarray(1 / math.sqrt(d // module.num_heads), q.dtype), k, v, mask)
     mixed = mixed.transpose(0, 2, 1, 3).reshape(-1, d)                                     # [B·S, H·k]
     out = mixed @ module.out.kernel[...].reshape(d, d)
     if module.out.bias is not None:
@@ -180,10 +196,10 @@ class Block(nnx.Module):
         stream (training only); ``rotary int32[B, S]``: the tokens' positions (the llama block)."""
         drop = (lambda y, i: y) if dropout is None else (lambda y, i: dropout.apply(y, i))
         h = self.attention_norm(x)
-        if sow_weights and self.llama:
-            raise SaffuError("attention profiles read flax's attention, which has no rotary positions: the gpt block's")
-        # flax's own call keeps the attention weights; the faster one computes the same
-        x = x + drop(self.attention(h, mask=mask, sow_weights=True) if sow_weights
+        if sow_weights and self.llama:     # flax's attention has no rotary positions: the weights computed here
+            self.sow(nnx.Intermediate, "attention_weights", attention_weights(self.attention, h, mask, rotary))
+        # flax's own call keeps the gpt block's attention weights; the faster one computes the same
+        x = x + drop(self.attention(h, mask=mask, sow_weights=True) if sow_weights and not self.llama
                      else self_attention(self.attention, h, mask, rotary), 0)
         h = self.mlp_norm(x).reshape(-1, x.shape[-1])                                     # [B·S, d]
         if self.llama:
@@ -315,8 +331,9 @@ def transformer_attention(params: Params, config: TransformerConfig, tokens: jax
     ``tokens int32[B, S]``; a query's row sums to 1 over the keys it may see."""
     forward = nnx.capture(lambda model, tokens: model(tokens, sow_weights=True), nnx.Intermediate)
     _, sown = forward(_module(params, config), tokens)
-    sown = nnx.to_pure_dict(sown)
-    return [sown["blocks"][index]["attention"]["attention_weights"][0] for index in range(config.layers)]
+    blocks = nnx.to_pure_dict(sown)["blocks"]
+    return [(blocks[index]["attention"] if "attention" in blocks[index] else blocks[index])["attention_weights"][0]
+            for index in range(config.layers)]
 
 
 def sized_like(vocab_size: int, target_params: int, width: int = 128, heads: int = 4,
