@@ -39,7 +39,7 @@ def score(name: str, run: Path, blimp: Path, tasks: Path) -> dict:
     from saffu.eval.blimp import evaluate_blimp
     from saffu.interop.harness import SaffuLM
     tick = time.perf_counter()
-    model = SaffuLM(run, progress=False)
+    model = SaffuLM(run, progress=False, batch_size=None)
     ours = evaluate_blimp(model.params, model.config, model.tokenizer, blimp, progress=False)["blimp_accuracy"]
     manager = TaskManager(include_path=str(tasks))
     harness = lm_eval.simple_evaluate(model=model, tasks=["saffu_blimp"], task_manager=manager, log_samples=False,
@@ -70,7 +70,7 @@ def _hf(model, run: Path, manager, harness: float) -> dict:
         out = Path(scratch) / "export"
         export_hf(model.params, model.config, model.workdir.path / "tokenizer.json", out,
                   model_card(run, model.workdir, model.config, model.weights))
-        hf = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={out},dtype=float32,device=cpu",
+        hf = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={out},dtype=float32,device=cpu,batch_size=64",
                                      tasks=["saffu_blimp"], task_manager=manager, log_samples=False,
                                      verbosity="WARNING")["results"]["saffu_blimp"]["acc,none"]
     return {"harness_hf": hf, "hf_minus_saffu_harness_points": 100 * (hf - harness)}

@@ -115,3 +115,13 @@ def test_cli_trains_an_explicit_llama_block_and_generates(tiny_workdir, tmp_path
     assert json.loads((run / "config.json").read_text())["model"]["block"] == "llama"
     capsys.readouterr()
     assert main(["generate", *common, "--run", str(run), "--max-tokens", "5", "--num-samples", "1"]) == 0
+
+
+def test_a_run_saved_before_the_llama_default_loads_as_the_gpt_block_it_is():
+    import dataclasses
+
+    from saffu.models.interface import config_from_dict
+    old = dataclasses.asdict(TransformerConfig(60, block="gpt", output_bias=True))
+    del old["block"], old["output_bias"]                   # a config.json written before those fields existed
+    assert config_from_dict(old) == TransformerConfig(60, block="gpt", output_bias=True)
+    assert config_from_dict(dataclasses.asdict(TransformerConfig(60))) == TransformerConfig(60)   # today's: as saved

@@ -111,6 +111,8 @@ def config_from_dict(fields: dict):
         fields = {**fields, "exact_positions": tuple(fields["exact_positions"])}
     if kind == "bigram":
         fields = {k: v for k, v in fields.items() if k != "kind"}
+    if kind == "transformer":   # runs saved before the llama block became the default are gpt blocks with a bias
+        fields = {"block": "gpt", "output_bias": True, **fields}
     return KINDS[kind][0](**fields)
 
 
