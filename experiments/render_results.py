@@ -884,6 +884,12 @@ def tuning_block() -> str:
                 budgets.append(f"{epochs} epoch{'s' if epochs != '1' else ''}: {run['dev_bpb']:.4f} bits/byte at rate "
                                f"{run['learning_rate']:g}")
         lines.append(grid + ("; whole dev, " + ", ".join(budgets) if budgets else ""))
+    bound = {"measured": "", "lower_bound": "≥ ", "upper_bound": "≤ "}
+    for start, rows in record["figures"].get("race", {}).items():
+        lines.append(f"* {start} against the {rows[0]['cold']} curve: " + ", ".join(
+            f"{r['epochs']:g} epoch{'s' if r['epochs'] != 1 else ''} {r['dev_bpb']:.4f} bits/byte, compute multiplier "
+            f"{bound[r['multiplier_kind']]}{r['multiplier']:.2f}× ({r['multiplier_kind'].replace('_', ' ')})"
+            for r in rows))
     return "\n".join(lines) + f" ({record['date']}, [tuning](docs/results/tuning.md))\n"
 
 

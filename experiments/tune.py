@@ -55,7 +55,7 @@ STARTS = {"cold": ("random", GPT), "explicit-init": ("explicit", GPT),
 #: The starts the quarter-epoch grid tunes; the others run at those values (the architecture comparison).
 GRID_STARTS = ("cold", "explicit-init")
 #: Each architecture's cold start, which its explicit starts race against.
-COLD_OF = {"explicit-init": "cold", "llama-explicit-nobias": "llama-cold-nobias", "llama-explicit": "llama-cold-nobias"}
+COLD_OF = {"explicit-init": "cold", "llama-explicit-nobias": "llama-cold-nobias"}
 #: The quarter-epoch grid.
 GRID = {"learning_rate": [1e-3, 3e-3, 1e-2, 3e-2], "weight_decay": [0.0, 0.1], "dropout": [0.0, 0.1]}
 def _half_decade(value: float, up: bool) -> float:
