@@ -115,3 +115,10 @@ def test_harness_blimp_equals_saffu_blimp_and_the_command_reports_it(tiny_workdi
     written = json.loads((tmp_path / "h.json").read_text())
     assert written["saffu_blimp_acc"] == pytest.approx(ours["blimp_accuracy"], abs=1e-3)
     assert "saffu_blimp" in printed and "saffu_blimp_order_a" in printed
+
+
+def test_registering_saffu_keeps_the_harness_own_models():
+    from lm_eval.api.registry import get_model
+
+    import saffu.interop.harness  # noqa: F401
+    assert get_model("saffu").__name__ == "SaffuLM" and get_model("dummy").__name__ == "DummyLM"

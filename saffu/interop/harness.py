@@ -29,6 +29,7 @@ import json
 from pathlib import Path
 
 import jax
+import lm_eval.models  # noqa: F401  (the harness's own models: registering ours first would hide them)
 import numpy as np
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
