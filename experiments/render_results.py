@@ -458,6 +458,28 @@ passes, float32 master weights and optimizer state):
 """
 
 
+def harness_blimp(record: dict) -> str:
+    f = record["figures"]
+    rows = "\n".join(f"| {r['name']} | {r['block']} | {r['weights']} | {100 * r['saffu_blimp']:.2f}% | "
+                     f"{100 * r['harness_saffu']:.2f}% | "
+                     + (f"{100 * r['harness_hf']:.2f}% |" if "harness_hf" in r else "not exported (an output bias) |")
+                     for r in f["rows"])
+    return f"""# BLiMP through lm-evaluation-harness
+
+Generated from [`results/harness_blimp.json`](../../results/harness_blimp.json) by `experiments/render_results.py`.
+
+{provenance(record)}
+
+BLiMP accuracy on the {f['paradigms']} shared paradigms three ways: `saffu blimp`; lm-evaluation-harness with the
+`saffu` model (`saffu.interop.harness`, the task group `saffu_blimp` of `--blimp`); and, for a run that
+exports, the harness's own Hugging Face model (`--model hf`) on `saffu export`'s checkpoint.
+
+| run | block | weights | saffu blimp | harness, `saffu` | harness, `hf` on the export |
+|---|---|---|---:|---:|---:|
+{rows}
+"""
+
+
 def hf_explicit_init(record: dict) -> str:
     f = record["figures"]
     explicit, random = f["curves"]["explicit"], f["curves"]["random"]
@@ -715,7 +737,7 @@ def _rescored_note(f: dict) -> str:
             if rescored else "")
 
 
-RENDERERS = {"hf_explicit_init": hf_explicit_init, "tuning": tuning, "bench_train": bench_train, "bench_bf16": bench_bf16, "bench_scoring": bench_scoring, "bench_stats": bench_stats, "soak": soak, "budgets": budgets, "any_model": any_model, "setup": setup}
+RENDERERS = {"harness_blimp": harness_blimp, "hf_explicit_init": hf_explicit_init, "tuning": tuning, "bench_train": bench_train, "bench_bf16": bench_bf16, "bench_scoring": bench_scoring, "bench_stats": bench_stats, "soak": soak, "budgets": budgets, "any_model": any_model, "setup": setup}
 
 
 def _load(name: str) -> dict | None:
