@@ -288,10 +288,15 @@ def _same_training(run: Path, spec: dict) -> None:
         return
     recorded = json.loads(path.read_text())
     fresh = json.loads(json.dumps(spec, default=str))
+    # a start option left at its default is the run's own (a residual resumes without restating --residual)
+    defaults = vars(build_parser().parse_args(["train", "--workdir", "w", "--run", "r", "--init", "random"]))
+    unstated = lambda section, name, value: section in ("start", "options") and value == json.loads(
+        json.dumps(defaults.get(name), default=str))
     differ = [f"{section}.{name} {recorded[section][name]!r} → {value!r}"
               for section in ("start", "model", "train", "options") if section in recorded
               for name, value in fresh.get(section, {}).items()
-              if name not in flags.RESUMABLE and name in recorded[section] and recorded[section][name] != value]
+              if name not in flags.RESUMABLE and name in recorded[section] and recorded[section][name] != value
+              and not unstated(section, name, value)]
     if differ:
         raise SaffuError(f"{run} was trained with other settings ({'; '.join(differ)}); resume it as it was "
                          f"(saffu train --config {path} --run {run}) or train into a new --run")

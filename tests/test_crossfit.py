@@ -150,5 +150,6 @@ def test_cli_cross_fitted_residual_trains_and_scores_on_the_whole_splits_tables(
     assert trained["dev_bpb"] == pytest.approx(exact_bpb, rel=1e-5)         # evaluation: the whole split's tables
     recorded = json.loads((run / "config.json").read_text())["model"]
     assert recorded["folds"] == 2 and recorded["fold_runs"] == ["folds/fold0", "folds/fold1"]
-    assert main(["train", *work, "--run", str(run), "--init", "random", *small, "--steps", "4"]) == 0   # resumes
+    assert main(["train", *work, "--run", str(run), "--init", "random", *small, "--steps", "4",
+                 "--learning-rate", "0"]) == 0                # resumes: the residual and its folds are the run's
     assert main(["eval", *work, "--run", str(run), "--quiet"]) == 0
