@@ -256,14 +256,15 @@ def cmd_train(args) -> dict:
             data_parallel_mesh(args.devices or None) if args.devices != 1 else None)
     explicit_pass = start.init == "explicit" or start.residual is not None
     options = {name: getattr(args, name) for name in flags.TRAIN_OPTIONS}
-    spec = flags.train_spec(start, config if config.kind != "residual" else config.base, train_config, options)
+    spec = json.loads(json.dumps(flags.train_spec(start, config if config.kind != "residual" else config.base,
+                                                  train_config, options), default=str))   # as train.json holds it
     _same_training(run, spec)
     if writer:          # the run's spec: how it was trained (saffu train --config reads it back)
         import shlex
 
         from saffu._io import atomic_write_json
         command = "saffu " + shlex.join(sys.argv[1:] if args.argv is None else args.argv)
-        atomic_write_json(run / "train.json", {"command": command, **json.loads(json.dumps(spec, default=str))})
+        atomic_write_json(run / "train.json", {"command": command, **spec})
     config, params, figures = recipes.train_run(workdir, run, config, params, train_config, mesh, show, not args.quiet,
                                                 explicit_pass)
     if args.num_processes > 1:        # every process is done with collectives
@@ -281,20 +282,20 @@ def cmd_train(args) -> dict:
 
 
 def _same_training(run: Path, spec: dict) -> None:
-    """Refuse to resume ``run`` with settings that change what it learns (anything but
+    """Refuse to resume ``run`` with settings (``spec``, JSON values as ``train.json`` holds them)
+    that change what it learns (anything but
     :data:`saffu.flags.RESUMABLE`): one line naming each differing field, its recorded value and the fix."""
     path = run / "train.json"
     if not path.is_file() or not (run / "checkpoints").is_dir():
         return
     recorded = json.loads(path.read_text())
-    fresh = json.loads(json.dumps(spec, default=str))
     # a start option left at its default is the run's own (a residual resumes without restating --residual)
     defaults = vars(build_parser().parse_args(["train", "--workdir", "w", "--run", "r", "--init", "random"]))
     unstated = lambda section, name, value: section in ("start", "options") and value == json.loads(
         json.dumps(defaults.get(name), default=str))
     differ = [f"{section}.{name} {recorded[section][name]!r} → {value!r}"
               for section in ("start", "model", "train", "options") if section in recorded
-              for name, value in fresh.get(section, {}).items()
+              for name, value in spec.get(section, {}).items()
               if name not in flags.RESUMABLE and name in recorded[section] and recorded[section][name] != value
               and not unstated(section, name, value)]
     if differ:
