@@ -88,11 +88,12 @@ def _workdir(args):
 
 
 def _load_run(args):
-    """``(workdir, model config, params, which weights)`` of ``--workdir`` / ``--run`` / ``--checkpoint``."""
-    from saffu.training.checkpoints import check_inputs, load_params
+    """``(workdir, model config, params, which weights)`` of ``--workdir`` / ``--run`` and
+    ``--checkpoint`` / ``--step`` / ``--words``."""
+    from saffu.training.checkpoints import check_inputs, load_weights
     workdir = _workdir(args)
     config = check_inputs(args.run, workdir)
-    return (workdir, config, *load_params(args.run, config, args.checkpoint))
+    return (workdir, config, *load_weights(args.run, config, args.checkpoint, args.step, args.words))
 
 
 #: The processes this one started for a local multi-process job (:func:`_join_processes`).
@@ -354,17 +355,9 @@ def cmd_init_weights(args) -> dict:
 
 def cmd_export(args) -> dict:
     from saffu.interop.hf import export_hf, exportable, model_card
-    from saffu.training.checkpoints import check_inputs, load_params_at, load_run_config, parse_words
+    from saffu.training.checkpoints import load_run_config
     exportable(load_run_config(args.run))
-    if args.step is not None or args.words is not None:
-        if args.step is not None and args.words is not None:
-            raise SaffuError("give --step or --words, not both")
-        workdir = _workdir(args)
-        config = check_inputs(args.run, workdir)
-        params, which = load_params_at(args.run, config, args.step,
-                                       None if args.words is None else parse_words(args.words))
-    else:
-        workdir, config, params, which = _load_run(args)
+    workdir, config, params, which = _load_run(args)
     card = model_card(args.run, workdir, config, which)
     metrics = {**export_hf(params, config, Path(args.workdir) / "tokenizer.json", args.out, card), "weights": which}
     metrics["files"] = ",".join(metrics["files"])
@@ -400,7 +393,7 @@ def cmd_harness(args) -> dict:
         if not tasks:
             raise SaffuError("name --tasks, or give --blimp FOLDER")
         results = evaluate(args.run, tasks, include, args.workdir, args.checkpoint, args.limit, args.batch_size,
-                           progress=not args.quiet)["results"]
+                           progress=not args.quiet, step=args.step, words=args.words)["results"]
     metrics = {}
     for task, figures in results.items():
         for key, value in figures.items():

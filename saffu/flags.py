@@ -213,11 +213,20 @@ def add_run_flags(parser, run_help: str = "run directory to create", run: bool =
 
 
 def add_checkpoint_flags(parser) -> None:
-    """``--workdir``, ``--run`` and ``--checkpoint`` of a command that reads a run's weights."""
+    """``--workdir``, ``--run`` and the weights flags (:func:`add_weights_flags`) of a command that reads a run's weights."""
     add_run_flags(parser, "run directory (of `saffu fit` or `saffu train`)")
+    add_weights_flags(parser)
+
+
+def add_weights_flags(parser) -> None:
+    """``--checkpoint``, ``--step`` and ``--words``: which of a run's weights a command reads
+    (:func:`saffu.training.checkpoints.load_weights`)."""
     parser.add_argument("--checkpoint", choices=["latest", "explicit"], default="latest",
                         help="latest: the latest training checkpoint, or the explicit solution when there is none; "
                              "explicit: the explicit solution")
+    parser.add_argument("--step", type=int, help="the weights at this training step (a kept checkpoint)")
+    parser.add_argument("--words", help="the weights kept when training first reached this many words (1M, 2M, …; "
+                                        "see RUN/words.json)")
 
 
 def add_model_flags(parser, config, what: str, background: bool = True) -> None:
@@ -484,9 +493,6 @@ def _export_flags(p) -> None:
     GPT2LMHeadModel for the gpt block, LlamaForCausalLM for the llama block. --step or --words picks
     an earlier checkpoint."""
     add_checkpoint_flags(p)
-    p.add_argument("--step", type=int, help="the weights at this training step (a kept checkpoint)")
-    p.add_argument("--words", help="the weights kept when training first reached this many words (1M, 2M, …; "
-                                   "see RUN/words.json)")
     p.add_argument("--out", type=Path, required=True, help="checkpoint folder to write")
 
 
@@ -507,9 +513,7 @@ def _harness_flags(p) -> None:
     saffu_blimp (one task per paradigm file; accuracy over all pairs, as `saffu blimp` reports it)."""
     p.add_argument("--run", type=Path, required=True, help="run directory (of `saffu fit`, `train`, `exact`, …)")
     p.add_argument("--workdir", type=Path, help="its work directory (default: the one the run records)")
-    p.add_argument("--checkpoint", choices=["latest", "explicit"], default="latest",
-                   help="latest: the latest training checkpoint, or the explicit solution when there is none; "
-                        "explicit: the explicit solution")
+    add_weights_flags(p)
     p.add_argument("--tasks", nargs="+", default=[], help="harness task or group names")
     p.add_argument("--blimp", type=Path, help="folder of BLiMP paradigm *.jsonl files, scored as the group saffu_blimp")
     p.add_argument("--include-path", type=Path, action="append", default=[],

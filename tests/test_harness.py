@@ -83,11 +83,12 @@ def test_a_request_longer_than_the_window_keeps_its_last_tokens(tiny_workdir):
 @pytest.mark.slow
 def test_harness_blimp_equals_saffu_blimp_and_the_command_reports_it(tiny_workdir, tmp_path, capsys):
     from saffu.interop.harness import SaffuLM, evaluate, write_blimp_tasks
+    from saffu.training.checkpoints import words_index
     blimp = _blimp(tmp_path / "blimp")
     args = ["--workdir", str(tiny_workdir.path), "--quiet"]
     assert main(["train", *args, "--run", str(tmp_path / "tf"), "--init", "random", "--model", "transformer",
                  "--width", "16", "--layers", "1", "--attention-heads", "2", "--context", "4", "--max-len", "24",
-                 "--steps", "30", "--batch-size", "4", "--seq-len", "8", "--eval-tokens", "0"]) == 0
+                 "--steps", "30", "--batch-size", "4", "--seq-len", "8", "--eval-tokens", "0", "--words-unit", "100"]) == 0
     names = write_blimp_tasks(blimp, tmp_path / "tasks")
     assert names == ["saffu_blimp_order_a", "saffu_blimp_order_b", "saffu_blimp"]
     results = evaluate(tmp_path / "tf", ["saffu_blimp"], [tmp_path / "tasks"], progress=False)["results"]
@@ -115,6 +116,13 @@ def test_harness_blimp_equals_saffu_blimp_and_the_command_reports_it(tiny_workdi
     written = json.loads((tmp_path / "h.json").read_text())
     assert written["saffu_blimp_acc"] == pytest.approx(ours["blimp_accuracy"], abs=1e-3)
     assert "saffu_blimp" in printed and "saffu_blimp_order_a" in printed
+    # an earlier checkpoint by words seen (BabyLM's intermediate checkpoints), from Python and the command
+    first = words_index(tmp_path / "tf")[0]
+    early = SaffuLM(tmp_path / "tf", words=first["label"], progress=False)
+    assert early.weights.startswith(f"checkpoint step {first['step']} ")
+    assert not np.allclose(early.params["output"]["kernel"], model.params["output"]["kernel"])
+    assert main(["harness", "--run", str(tmp_path / "tf"), "--blimp", str(blimp), "--quiet", "--words",
+                 first["label"], "--limit", "2"]) == 0
 
 
 def test_registering_saffu_keeps_the_harness_own_models():

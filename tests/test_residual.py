@@ -273,3 +273,39 @@ def test_cli_residual_and_explicit_transformer(tiny_workdir, exact_model, tmp_pa
     assert main(["train", *work, "--run", str(warm), "--init", "explicit", *small, "--steps", "2",
                  "--explicit-pieces", "bias", "--holdout-tokens", "200", "--metrics-json", str(metrics)]) == 0
     assert json.loads(metrics.read_text())["solve_seconds"] > 0
+
+
+def test_a_residual_run_keeps_checkpoints_by_words_seen(tiny_workdir, tmp_path, capsys):
+    """A residual run counts the exact run's statistics pass as one pass over the data (the
+    milestones it covers are kept at step 0, where the model is the exact model) and keeps the
+    trained part at each later milestone; ``eval --words`` / ``--step`` read them back with the
+    explicit tables of the exact run."""
+    from saffu.cli import main
+    from saffu.training.checkpoints import words_index
+    exact_run, metrics = tmp_path / "exact", tmp_path / "m.json"
+    work = ["--workdir", str(tiny_workdir.path), "--quiet"]
+    assert main(["exact", *work, "--run", str(exact_run), "--groups", "0 1 0,1", "--buckets", "3",
+                 "--holdout-tokens", "200", "--metrics-json", str(metrics)]) == 0
+    exact_bpb = json.loads(metrics.read_text())["dev_bpb"]
+    run = tmp_path / "residual"
+    assert main(["train", *work, "--run", str(run), "--init", "random", "--residual", str(exact_run),
+                 "--model", "transformer", "--width", "16", "--layers", "1", "--attention-heads", "2",
+                 "--context", "4", "--max-len", "64", "--batch-size", "2", "--seq-len", "16", "--steps", "24",
+                 "--eval-tokens", "0", "--words-unit", "200", "--learning-rate", "0.03"]) == 0
+    words = tiny_workdir.meta["splits"][tiny_workdir.train_split]["words"]
+    kept = words_index(run)
+    assert json.loads((run / "words.json").read_text())["words_before"] == words
+    first, later = [m for m in kept if m["step"] == 0], [m for m in kept if m["step"] > 0]
+    assert [m["words"] for m in first] == [200 * k for k in range(1, words // 200 + 1)] and later
+
+    def dev_bpb(*which):
+        assert main(["eval", *work, "--run", str(run), *which, "--metrics-json", str(metrics)]) == 0
+        return json.loads(metrics.read_text())["dev_bpb"]
+
+    assert dev_bpb("--words", first[-1]["label"]) == pytest.approx(exact_bpb, rel=1e-5)   # step 0: the exact model
+    at_words = dev_bpb("--words", later[0]["label"])
+    assert at_words != pytest.approx(exact_bpb, rel=1e-4)
+    assert dev_bpb("--step", str(later[0]["step"])) == at_words
+    capsys.readouterr()
+    assert main(["eval", *work, "--run", str(run), "--step", "3", "--words", "1k"]) != 0
+    assert "not both" in capsys.readouterr().err

@@ -53,22 +53,26 @@ class SaffuLM(TemplateLM):
       run: the run folder (of ``saffu train``, ``fit``, ``exact``, …).
       workdir: its work directory (default: the one its ``config.json`` records).
       checkpoint: ``"latest"`` (the last training checkpoint, else the explicit solution) or ``"explicit"``.
+      step, words: the weights at a kept training step, or those kept when training first reached
+        ``words`` words (``"5M"`` or an int; :func:`saffu.training.checkpoints.load_weights`).
       batch_size: rows per scoring call (default: about 2,048 positions per call).
       progress: show progress bars.
     """
 
     def __init__(self, run: str | Path, workdir: str | Path | None = None, checkpoint: str = "latest",
-                 batch_size: int | str | None = None, progress: bool = True, **unused) -> None:
+                 batch_size: int | str | None = None, progress: bool = True, step: int | str | None = None,
+                 words: int | str | None = None, **unused) -> None:
         super().__init__()
         from saffu.data.workdir import open_workdir
-        from saffu.training.checkpoints import check_inputs, load_params, run_record
+        from saffu.training.checkpoints import check_inputs, load_weights, run_record
         self.run = Path(run)
         workdir = workdir if workdir is not None else run_record(self.run).get("workdir")
         if workdir is None:
             raise SaffuError(f"{run} records no work directory; pass workdir=")
         self.workdir = open_workdir(workdir)
         self.config = check_inputs(self.run, self.workdir)
-        self.params, self.weights = load_params(self.run, self.config, checkpoint)
+        self.params, self.weights = load_weights(self.run, self.config, checkpoint,
+                                                 None if step in (None, "") else int(step), words)
         self.tokenizer = self.workdir.tokenizer()
         self.batch_size = None if batch_size in (None, "auto") else int(batch_size)
         self.progress = progress
@@ -170,12 +174,13 @@ def write_blimp_tasks(blimp: str | Path, out: str | Path) -> list[str]:
 
 def evaluate(run: str | Path, tasks: list[str], include_path: list[str | Path] = (), workdir: str | Path | None = None,
              checkpoint: str = "latest", limit: int | None = None, batch_size: int | None = None,
-             progress: bool = True) -> dict:
-    """lm-evaluation-harness's ``simple_evaluate`` of ``run`` (:class:`SaffuLM`) on ``tasks``,
-    with the task configs of ``include_path`` folders; returns the harness's results dict."""
+             progress: bool = True, step: int | None = None, words: int | str | None = None) -> dict:
+    """lm-evaluation-harness's ``simple_evaluate`` of ``run`` (:class:`SaffuLM`, its weights
+    chosen by ``checkpoint`` / ``step`` / ``words``) on ``tasks``, with the task configs of
+    ``include_path`` folders; returns the harness's results dict."""
     import lm_eval
     from lm_eval.tasks import TaskManager
-    model = SaffuLM(run, workdir, checkpoint, batch_size, progress)
+    model = SaffuLM(run, workdir, checkpoint, batch_size, progress, step=step, words=words)
     manager = TaskManager(include_path=[str(p) for p in include_path] or None)
     return lm_eval.simple_evaluate(model=model, tasks=list(tasks), task_manager=manager, limit=limit,
                                    log_samples=False, verbosity="WARNING")

@@ -308,11 +308,26 @@ def load_explicit(run_dir: str | Path, config, expect: str = "") -> Params:
     return params
 
 
+def load_weights(run_dir: str | Path, config, checkpoint: str = "latest", step: int | None = None,
+                 words: int | str | None = None) -> tuple[Params, str]:
+    """The weights a command reads and what they are: at a kept ``step`` or words milestone
+    ``words`` (``"5M"`` or an int) when one is given (:func:`load_params_at`), else
+    :func:`load_params` with ``checkpoint``. One error line for both or for a choice the run lacks."""
+    if step is None and words is None:
+        return load_params(run_dir, config, checkpoint)
+    if step is not None and words is not None:
+        raise SaffuError("give --step or --words, not both")
+    if checkpoint != "latest":
+        raise SaffuError("--step and --words pick a training checkpoint; leave --checkpoint at latest")
+    return load_params_at(run_dir, config, step, parse_words(words) if isinstance(words, str) else words)
+
+
 def load_params_at(run_dir: str | Path, config, step: int | None = None,
                    words: int | None = None) -> tuple[Params, str]:
-    """The parameters of a transformer or SAFFU run at training ``step`` (a kept training
-    checkpoint or a words checkpoint) or at the milestone of ``words`` words (see
-    :func:`save_words`), and what was loaded; one error line naming what the run keeps otherwise."""
+    """The parameters of a trained run (a transformer, SAFFU stack, residual, …) at training
+    ``step`` (a kept training checkpoint or a words checkpoint) or at the milestone of ``words``
+    words (see :func:`save_words`), and what was loaded; one error line naming what the run keeps
+    otherwise. A residual's explicit tables come from its explicit run, as :func:`load_params`'s do."""
     run_dir = Path(run_dir)
     milestones = words_index(run_dir)
     if words is not None:
@@ -321,10 +336,22 @@ def load_params_at(run_dir: str | Path, config, step: int | None = None,
             kept = ", ".join(m["label"] for m in milestones) or "none"
             raise SaffuError(f"{run_dir} keeps no checkpoint at {words_label(words)} words (it keeps: {kept})")
         step = match[0]["step"]
-    if not trainable(config) or config.kind == "residual":
+    if not trainable(config):
         raise SaffuError(f"a {config.kind} run is loaded whole (--checkpoint); --step and --words pick a trained "
-                         f"transformer's or SAFFU stack's checkpoints")
+                         f"model's checkpoints")
+    if config.kind == "residual":       # the trained part is kept; the explicit tables come from its explicit run
+        from saffu.models.residual import with_explicit
+        params = model_init(config, jax.random.key(0))
+        template = {name: value for name, value in params.items() if name not in config.fixed_params}
+        trained, label = _restore_at(run_dir, jax.eval_shape(lambda: template), step, milestones)
+        explicit = load_explicit(config.explicit_run, config.explicit, config.explicit_sha256)
+        return with_explicit({**params, **trained}, explicit), label
     template = with_config_inputs(jax.eval_shape(lambda: model_init(config, jax.random.key(0))), config)
+    return _restore_at(run_dir, template, step, milestones)
+
+
+def _restore_at(run_dir: Path, template: Params, step: int, milestones: list[dict]) -> tuple[Params, str]:
+    """The parameters ``template`` (abstract) kept at ``step`` in ``run_dir``'s training or words checkpoints."""
     for folder in ("checkpoints", "words"):
         directory = run_dir / folder
         if not directory.is_dir():

@@ -339,7 +339,7 @@ def train_run(workdir: WorkDir, run: str | Path, config, params: Params, train_c
     from saffu.training.checkpoints import latest_checkpoint_step
     from saffu.training.trainer import train
     dev = workdir.tokens("dev") if "dev" in workdir.meta["splits"] else None
-    words = word_count(workdir, explicit_pass) if config.kind != "residual" else None
+    words = word_count(workdir, explicit_pass)
     params, history = train(config, params, workdir.tokens(workdir.train_split), train_config, run, dev_stream=dev,
                             on_eval=on_eval, progress=progress, mesh=mesh, words=words)
     config, params = finish(config, params)
