@@ -8,6 +8,8 @@ TESTS := $(VENV)/.installed-test-$(HASH)
 # compat: the checkout itself goes on sys.path, so a clone folder named `saffu` cannot shadow
 # the package for scripts run from its parent folder
 EDITABLE := --config-settings editable_mode=compat
+# the fast suite's pytest-xdist workers (each its own process and JAX runtime)
+TEST_WORKERS ?= 2
 
 .PHONY: demo lint test test-slow test-all clean
 
@@ -33,7 +35,7 @@ lint: $(TESTS)
 	$(VENV)/bin/lint-imports
 
 test: lint
-	$(VENV)/bin/python -m pytest -q -m "not slow"
+	$(VENV)/bin/python -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist worksteal
 
 test-slow: $(TESTS)
 	$(VENV)/bin/python -m pytest -q -m slow
