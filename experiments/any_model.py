@@ -85,13 +85,13 @@ class PenzaiModel:
                 num_kv_heads=self.heads, query_head_multiplier=1, embedding_dim=self.width,
                 projection_dim=self.width // self.heads, mlp_hidden_dim=self.mlp * 2 // 3,
                 num_decoder_blocks=self.layers, vocab_size=self.vocab_size, mlp_variant="swiglu",
-                tie_embedder_and_logits=self.tied, block="gpt", output_bias=True)
+                tie_embedder_and_logits=self.tied)
             return llamalike_common.build_llamalike_transformer(config, init_base_rng=key)
         config = gpt_neox.GPTNeoXTransformerConfig(
             num_attention_heads=self.heads, embedding_dim=self.width, projection_dim=self.width // self.heads,
             mlp_hidden_dim=self.mlp, num_decoder_blocks=self.layers, vocab_size=self.vocab_size,
             activation_fn="gelu_approx", rope_subset_size=(self.width // self.heads) // 4, rope_wavelength=10_000,
-            layernorm_epsilon=1e-5, parameter_dtype="float32", activation_dtype="float32", block="gpt", output_bias=True)
+            layernorm_epsilon=1e-5, parameter_dtype="float32", activation_dtype="float32")
         return gpt_neox.build_gpt_neox_transformer(config, init_base_rng=key)
 
     def init(self, key) -> dict:
