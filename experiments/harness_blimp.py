@@ -5,12 +5,22 @@ that exports — the harness's own Hugging Face model (``--model hf``) on the ex
     python experiments/harness_blimp.py --run cold=runs/tune/runs/cold/1ep_le0.01_we0.9_dr0 \\
         --run explicit=runs/tune/runs/explicit-init/1ep_le0.006_we0_dr0 --blimp ../shared/data/blimp --write-result
 
+``--harness-only`` scores with the harness's ``saffu`` model alone (the figure of every start; the
+three-way agreement is shown by the runs scored without it), and ``--merge`` keeps the rows of the
+results file that this invocation does not score again (each row keeps the command and date it came from):
+
+    python experiments/harness_blimp.py --harness-only --merge --write-result \
+        --run cold-4ep=runs/tune/runs/cold/4ep_le0.01_we0.9_dr0
+
 Needs ``pip install -e '.[eval]'`` (and ``'.[hf]'`` for the Hugging Face model).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
+import shlex
 import sys
 import tempfile
 import time
@@ -22,6 +32,7 @@ from results import write_result
 from saffu._io import SaffuError
 
 ROOT = Path(__file__).resolve().parents[1]
+RESULT = ROOT / "results" / "harness_blimp.json"
 
 
 def parse_args(argv=None):
@@ -29,10 +40,14 @@ def parse_args(argv=None):
     parser.add_argument("--run", action="append", required=True, help="NAME=RUN_FOLDER (repeatable)")
     parser.add_argument("--blimp", type=Path, default=ROOT.parent / "shared" / "data" / "blimp")
     parser.add_argument("--write-result", action="store_true", help="write results/harness_blimp.json")
+    parser.add_argument("--harness-only", action="store_true",
+                        help="the harness's saffu model alone (no saffu blimp, no Hugging Face export)")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the results file's rows of runs not named here (with --write-result)")
     return parser.parse_args(argv)
 
 
-def score(name: str, run: Path, blimp: Path, tasks: Path) -> dict:
+def score(name: str, run: Path, blimp: Path, tasks: Path, harness_only: bool = False) -> dict:
     import lm_eval
     from lm_eval.tasks import TaskManager
 
@@ -40,13 +55,17 @@ def score(name: str, run: Path, blimp: Path, tasks: Path) -> dict:
     from saffu.interop.harness import SaffuLM
     tick = time.perf_counter()
     model = SaffuLM(run, progress=False, batch_size=None)
-    ours = evaluate_blimp(model.params, model.config, model.tokenizer, blimp, progress=False)["blimp_accuracy"]
     manager = TaskManager(include_path=str(tasks))
     harness = lm_eval.simple_evaluate(model=model, tasks=["saffu_blimp"], task_manager=manager, log_samples=False,
                                       verbosity="WARNING")["results"]["saffu_blimp"]["acc,none"]
     row = {"name": name, "run": str(run), "weights": model.weights, "kind": model.config.kind,
-           "block": getattr(model.config, "block", None), "saffu_blimp": ours, "harness_saffu": harness,
-           "harness_minus_saffu_points": 100 * (harness - ours)}
+           "block": getattr(model.config, "block", None), "harness_saffu": harness}
+    if harness_only:
+        row["seconds"] = time.perf_counter() - tick
+        print(f"{name}: harness {harness:.4f}", flush=True)
+        return row
+    ours = evaluate_blimp(model.params, model.config, model.tokenizer, blimp, progress=False)["blimp_accuracy"]
+    row.update(saffu_blimp=ours, harness_minus_saffu_points=100 * (harness - ours))
     try:
         from saffu.interop.hf import exportable
         exportable(model.config)
@@ -86,8 +105,15 @@ def main(argv=None) -> int:
             name, _, path = item.partition("=")
             if not path:
                 raise SystemExit(f"--run takes NAME=RUN_FOLDER, not {item!r}")
-            rows.append(score(name, Path(path), args.blimp, Path(tasks)))
+            rows.append(score(name, Path(path), args.blimp, Path(tasks), args.harness_only))
     if args.write_result:
+        command, date = " ".join(shlex.quote(a) for a in ["python", *sys.argv]), datetime.date.today().isoformat()
+        rows = [{**row, "command": command, "date": date} for row in rows]
+        if args.merge and RESULT.exists():
+            earlier = json.loads(RESULT.read_text())
+            scored = {row["name"] for row in rows}
+            rows = [{"command": earlier["command"], "date": earlier["date"], **row}
+                    for row in earlier["figures"]["rows"] if row["name"] not in scored] + rows
         figures = {"blimp": str(args.blimp), "paradigms": len(list(args.blimp.glob("*.jsonl"))), "rows": rows}
         print(f"wrote {write_result('harness_blimp', figures, seeds=[0])}")
     return 0

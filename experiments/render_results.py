@@ -460,10 +460,10 @@ passes, float32 master weights and optimizer state):
 
 def harness_blimp(record: dict) -> str:
     f = record["figures"]
-    rows = "\n".join(f"| {r['name']} | {r['block']} | {r['weights']} | {100 * r['saffu_blimp']:.2f}% | "
-                     f"{100 * r['harness_saffu']:.2f}% | "
-                     + (f"{100 * r['harness_hf']:.2f}% |" if "harness_hf" in r else "not exported (an output bias) |")
-                     for r in f["rows"])
+    percent = lambda r, key: f"{100 * r[key]:.2f}%" if key in r else "–"
+    hf = lambda r: percent(r, "harness_hf") if "harness_hf" in r or "saffu_blimp" not in r else "not exported (an output bias)"
+    rows = "\n".join(f"| {r['name']} | {r['block']} | {r['weights']} | {percent(r, 'saffu_blimp')} | "
+                     f"{percent(r, 'harness_saffu')} | {hf(r)} | {r.get('date', record['date'])} |" for r in f["rows"])
     return f"""# BLiMP through lm-evaluation-harness
 
 Generated from [`results/harness_blimp.json`](../../results/harness_blimp.json) by `experiments/render_results.py`.
@@ -472,10 +472,12 @@ Generated from [`results/harness_blimp.json`](../../results/harness_blimp.json) 
 
 BLiMP accuracy on the {f['paradigms']} shared paradigms three ways: `saffu blimp`; lm-evaluation-harness with the
 `saffu` model (`saffu.interop.harness`, the task group `saffu_blimp` of `--blimp`); and, for a run that
-exports, the harness's own Hugging Face model (`--model hf`) on `saffu export`'s checkpoint.
+exports, the harness's own Hugging Face model (`--model hf`) on `saffu export`'s checkpoint. A row
+with one figure was scored by the harness's `saffu` model alone (`--harness-only`); each row's
+command is in the results file.
 
-| run | block | weights | saffu blimp | harness, `saffu` | harness, `hf` on the export |
-|---|---|---|---:|---:|---:|
+| run | block | weights | saffu blimp | harness, `saffu` | harness, `hf` on the export | date |
+|---|---|---|---:|---:|---:|---|
 {rows}
 """
 
