@@ -51,11 +51,13 @@ LLAMA, GPT = ["--block", "llama"], ["--block", "gpt", "--output-bias"]
 STARTS = {"cold": ("random", GPT), "explicit-init": ("explicit", GPT),
           "llama-cold-nobias": ("random", [*LLAMA, "--no-output-bias"]),
           "llama-explicit-nobias": ("explicit", [*LLAMA, "--no-output-bias"]),
-          "llama-explicit": ("explicit", LLAMA)}
+          "llama-explicit": ("explicit", LLAMA),
+          "llama-explicit-nobias-rms1": ("explicit", [*LLAMA, "--no-output-bias", "--explicit-embedding-rms", "1"])}
 #: The starts the quarter-epoch grid tunes; the others run at those values (the architecture comparison).
 GRID_STARTS = ("cold", "explicit-init")
 #: Each architecture's cold start, which its explicit starts race against.
-COLD_OF = {"explicit-init": "cold", "llama-explicit-nobias": "llama-cold-nobias"}
+COLD_OF = {"explicit-init": "cold", "llama-explicit-nobias": "llama-cold-nobias",
+           "llama-explicit-nobias-rms1": "llama-cold-nobias"}
 #: The quarter-epoch grid.
 GRID = {"learning_rate": [1e-3, 3e-3, 1e-2, 3e-2], "weight_decay": [0.0, 0.1], "dropout": [0.0, 0.1]}
 def _half_decade(value: float, up: bool) -> float:
