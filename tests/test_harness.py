@@ -80,8 +80,31 @@ def test_a_request_longer_than_the_window_keeps_its_last_tokens(tiny_workdir):
     assert got[0] == pytest.approx(got[1], abs=1e-5)
 
 
+@pytest.mark.parametrize("block", ["gpt", "llama", "saffu"])
+def test_documents_score_alone_as_the_split_scores_them(tiny_workdir, block):
+    """:func:`document_nll` (what the harness's rolling log-likelihood returns) of every dev
+    document with its closing ``<eod>``, summed, is saffu's own dev NLL, also where a document
+    is longer than an evaluation window (it continues behind its own tokens) and for absolute
+    positions (the gpt block)."""
+    from saffu.eval.scoring import document_nll, evaluate_split
+    config = (SaffuConfig(vocab_size=tiny_workdir.vocab_size, radius=3, heads=2, hidden=8) if block == "saffu" else
+              TransformerConfig(vocab_size=tiny_workdir.vocab_size, width=16, layers=2, heads=2, context_tokens=4,
+                                max_len=12, block=block, output_bias=block == "gpt"))
+    params = _params(config)
+    stream = [int(t) for t in np.asarray(tiny_workdir.tokens("dev"))]
+    eods = [i for i, t in enumerate(stream) if t == EOD_ID]
+    documents = [stream[a + 1:b + 1] for a, b in zip(eods, eods[1:])]
+    assert block == "saffu" or max(len(d) for d in documents) > config.eval_seq_len     # some need two windows
+    split = evaluate_split(params, config, tiny_workdir, "dev", progress=False)
+    assert split["dev_tokens"] == sum(len(d) for d in documents)
+    ours = document_nll(params, config, documents)
+    assert ours.sum() == pytest.approx(split["dev_loss"] * split["dev_tokens"], rel=1e-5)
+    assert document_nll(params, config, [[]])[0] == 0.0
+
+
 @pytest.mark.slow
 def test_harness_blimp_equals_saffu_blimp_and_the_command_reports_it(tiny_workdir, tmp_path, capsys):
+    from saffu.eval.scoring import document_nll
     from saffu.interop.harness import SaffuLM, evaluate, write_blimp_tasks
     from saffu.training.checkpoints import words_index
     blimp = _blimp(tmp_path / "blimp")
@@ -97,16 +120,12 @@ def test_harness_blimp_equals_saffu_blimp_and_the_command_reports_it(tiny_workdi
     assert results["saffu_blimp"]["acc,none"] == pytest.approx(ours["blimp_accuracy"], abs=1e-3)
     for paradigm in ("order_a", "order_b"):
         assert results[f"saffu_blimp_{paradigm}"]["acc,none"] == pytest.approx(ours[f"blimp_{paradigm}"], abs=1e-3)
-    # rolling log-likelihood of a document = its tokens after <eod>, in disjoint windows past max_length
+    # rolling log-likelihood of a text = saffu's own score of it as a document (after <eod>, in its windows)
     text = " ".join(SENTENCES * 4)
     request = type("Request", (), {"args": (text,)})()
     ids = model.tok_encode(text)
-    assert len(ids) + 1 > model.max_length                                   # more than one window
-    windows = [lm_eval.utils.make_disjoint_window(w)
-               for w in lm_eval.utils.get_rolling_token_windows(ids, EOD_ID, model.max_length, 1)]
-    assert windows[0][0] == [EOD_ID] and [t for _, c in windows for t in c] == ids     # every token scored once
-    assert all(len(c) + len(b) <= model.max_length + 1 for c, b in windows)
-    expected = continuation_log_probs(model.params, model.config, windows, progress=False)[0].sum()
+    assert len(ids) > model.config.eval_seq_len                               # more than one window
+    expected = -document_nll(model.params, model.config, [ids])[0]
     assert model.loglikelihood_rolling([request])[0] == pytest.approx(expected, rel=1e-6)
     # the command: the harness's accuracies, printed and as JSON
     capsys.readouterr()

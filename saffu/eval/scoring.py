@@ -74,6 +74,23 @@ def evaluate_split(params: Params, config: SaffuConfig, workdir: WorkDir, split:
             f"{prefix}documents": int(info["documents"]), f"{prefix}whole_split": ranges == [(1, len(stream))]}
 
 
+def document_nll(params: Params, config, documents: list[list[int]], batch_size: int = EVAL_BATCH) -> np.ndarray:
+    """Each document's negative log-likelihood, ``float64[N]`` nats, scored as :func:`evaluate_split`
+    scores a document of a split: its tokens ``int`` (a closing ``<eod>`` included if it is
+    there) read after an ``<eod>``, in windows of ``config.eval_seq_len`` targets, a long
+    document continuing behind ``config.context`` of its own tokens, with the positions a
+    document has in a split (:func:`saffu.data.windows.document_ranges`). Summed over a split's
+    documents (each with its closing ``<eod>``) it is the split's NLL; an empty document scores 0."""
+    loss = lambda windows, mask, *positions: _window_loss(params, config, windows, mask, None, *positions)
+    out = np.zeros(len(documents))
+    for number, ids in enumerate(documents):
+        if len(ids):
+            stream = np.asarray([EOD_ID, *ids], np.int32)
+            out[number] = total_nll(loss, stream, [(1, len(stream))], config.context, config.eval_seq_len,
+                                    batch_size, tight=False, positioned=positional(config))[0]
+    return out
+
+
 @functools.partial(jax.jit, static_argnums=(1, 2))
 def _sample_next(params: Params, config, top_k: int, windows: jax.Array, key: jax.Array,
                  temperature: jax.Array) -> jax.Array:

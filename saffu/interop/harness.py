@@ -30,16 +30,14 @@ from pathlib import Path
 
 import jax
 import lm_eval.models  # noqa: F401  (the harness's own models: registering ours first would hide them)
-import numpy as np
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
-from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from saffu._io import SaffuError
 from saffu.data.tokenizer import EOD_ID, decode
 from saffu.eval.blimp import load_blimp
 from saffu.eval.continuations import continuation_log_probs, max_tokens
-from saffu.eval.scoring import generate_ids
+from saffu.eval.scoring import document_nll, generate_ids
 
 #: Tokens ``generate_until`` adds when a request names no ``max_gen_toks``.
 MAX_GEN_TOKS = 64
@@ -113,16 +111,11 @@ class SaffuLM(TemplateLM):
         return [(float(lp), bool(g)) for lp, g in zip(log_probs, greedy)]
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
-        """Each text's log-probability as a document: its tokens after an ``<eod>``, in disjoint
-        windows of :attr:`max_length` tokens (the harness's own rolling windows)."""
-        windows, owners = [], []       # the first window's context is the <eod>, a later one's the text's own token
-        for number, request in enumerate(requests):
-            (text,) = request.args
-            for window in get_rolling_token_windows(self.tok_encode(text), EOD_ID, self.max_length, 1):
-                windows.append(make_disjoint_window(window))
-                owners.append(number)
-        scores = [lp for lp, _ in self._score(windows, disable_tqdm)] if windows else []
-        totals = np.bincount(np.asarray(owners, np.int64), weights=np.asarray(scores), minlength=len(requests))
+        """Each text's log-probability as a document, scored exactly as saffu's own evaluation
+        scores a document of a split (:func:`saffu.eval.scoring.document_nll`): its tokens after
+        an ``<eod>``, a long one in windows of ``eval_seq_len`` targets behind ``context`` of its
+        own tokens, with the positions a split gives it (no closing ``<eod>``: a text ends where it ends)."""
+        totals = -document_nll(self.params, self.config, [self.tok_encode(request.args[0]) for request in requests])
         for request, total in zip(requests, totals):
             self.cache_hook.add_partial("loglikelihood_rolling", (request.args[0],), float(total))
         return [float(t) for t in totals]
