@@ -52,12 +52,15 @@ STARTS = {"cold": ("random", GPT), "explicit-init": ("explicit", GPT),
           "llama-cold-nobias": ("random", [*LLAMA, "--no-output-bias"]),
           "llama-explicit-nobias": ("explicit", [*LLAMA, "--no-output-bias"]),
           "llama-explicit": ("explicit", LLAMA),
-          "llama-explicit-nobias-rms1": ("explicit", [*LLAMA, "--no-output-bias", "--explicit-embedding-rms", "1"])}
+          "llama-explicit-nobias-rms1": ("explicit", [*LLAMA, "--no-output-bias", "--explicit-embedding-rms", "1"]),
+          # the output kernel at penzai's Llama-like random scale, √(2 / (d + V)) at d 128, V 8,192
+          "llama-explicit-nobias-rms1-out": ("explicit", [*LLAMA, "--no-output-bias", "--explicit-embedding-rms", "1",
+                                                          "--explicit-output-rms", "0.0155"])}
 #: The starts the quarter-epoch grid tunes; the others run at those values (the architecture comparison).
 GRID_STARTS = ("cold", "explicit-init")
 #: Each architecture's cold start, which its explicit starts race against.
 COLD_OF = {"explicit-init": "cold", "llama-explicit-nobias": "llama-cold-nobias",
-           "llama-explicit-nobias-rms1": "llama-cold-nobias"}
+           "llama-explicit-nobias-rms1": "llama-cold-nobias", "llama-explicit-nobias-rms1-out": "llama-cold-nobias"}
 #: The quarter-epoch grid.
 GRID = {"learning_rate": [1e-3, 3e-3, 1e-2, 3e-2], "weight_decay": [0.0, 0.1], "dropout": [0.0, 0.1]}
 def _half_decade(value: float, up: bool) -> float:

@@ -1037,6 +1037,9 @@ class StartConfig:
       explicit_embedding_rms: transformer --init explicit: the explicit embeddings' root-mean-square
         (default: the random init's; 1.0: the scale a norm layer outputs, which the budget sweep
         measured against the default)
+      explicit_output_rms: transformer --init explicit: the explicit output kernel's root-mean-square
+        (default: the random init's, ``1/√d`` for flax's initialiser; penzai's Llama-like starts its
+        output at about ``√(2 / (d + V))``)
       residual: learn a residual over the exact model of this run (`saffu exact`): logits =
         λ · log P_exact + f(context), f's output layer at zero, so step 0 is the exact model
       bundle: with --residual: copy the exact model into the run (RUN/exact), so it survives moving
@@ -1061,6 +1064,7 @@ class StartConfig:
     model: str = "saffu"
     explicit_pieces: tuple[str, ...] = EXPLICIT_PIECES
     explicit_embedding_rms: float | None = None
+    explicit_output_rms: float | None = None
     residual: str | None = None
     bundle: bool = False
     reference: str | None = None
@@ -1072,8 +1076,9 @@ class StartConfig:
     devices: int = 1
 
     def __post_init__(self):
-        if self.explicit_embedding_rms is not None and not self.explicit_embedding_rms > 0:
-            raise SaffuError(f"--explicit-embedding-rms must be > 0, not {self.explicit_embedding_rms}")
+        for flag, value in (("embedding", self.explicit_embedding_rms), ("output", self.explicit_output_rms)):
+            if value is not None and not value > 0:
+                raise SaffuError(f"--explicit-{flag}-rms must be > 0, not {value}")
 
 
 FIELD_CHOICES.update({(StartConfig, "init"): INIT_KINDS, (StartConfig, "model"): MODEL_KINDS,

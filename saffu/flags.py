@@ -177,8 +177,8 @@ FACTOR = ("mu", "column_power", "oversample", "power_iterations", "seed", "refin
 EXACT = ("groups", "mu", "buckets", "bucket_by", "smoothing", "nested", "holdout_tokens", "chunk_size")
 SMOOTHING, SMOOTHING_RENAME = ("kind", "mu", "alpha"), {"kind": "--smoothing"}
 PREPARE = ("vocab_size", "allow_smaller_vocab", "strict")
-START = ("init", "model", "explicit_pieces", "explicit_embedding_rms", "residual", "bundle", "reference", "inherit_layers",
-         "inherit_before_lazy", "start_from", "grow_by", "devices")
+START = ("init", "model", "explicit_pieces", "explicit_embedding_rms", "explicit_output_rms", "residual", "bundle",
+         "reference", "inherit_layers", "inherit_before_lazy", "start_from", "grow_by", "devices")
 RESIDUAL_RENAME = {"scale": "--residual-scale", "folds": "--cross-fit"}
 #: ``--model`` -> its config class, the fields its flags set and their renamed flags
 MODEL = {"saffu": (configs.SaffuConfig, ("bits", *ARCH), ARCH_RENAME),

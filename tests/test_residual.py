@@ -210,6 +210,11 @@ def test_explicit_init_keeps_the_random_tree_and_takes_the_factors(tiny_workdir)
     np.testing.assert_allclose(at_one["embed"]["embedding"] * rms(random["embed"]["embedding"]),
                                params["embed"]["embedding"], rtol=1e-4, atol=1e-7)
     np.testing.assert_array_equal(at_one["output"]["kernel"], params["output"]["kernel"])
+    small = explicit_transformer_init(config, key, factors, output_rms=0.0155)         # the output's scale given
+    assert rms(small["output"]["kernel"]) == pytest.approx(0.0155, rel=1e-4)
+    np.testing.assert_allclose(small["output"]["kernel"] * rms(random["output"]["kernel"]) / 0.0155,
+                               params["output"]["kernel"], rtol=1e-4, atol=1e-7)
+    np.testing.assert_array_equal(small["embed"]["embedding"], params["embed"]["embedding"])
     only_bias = explicit_transformer_init(config, key, factors, ("bias",))
     np.testing.assert_array_equal(only_bias["embed"]["embedding"], random["embed"]["embedding"])
     np.testing.assert_array_equal(only_bias["blocks"][0]["mlp_in"]["kernel"], random["blocks"][0]["mlp_in"]["kernel"])
@@ -222,6 +227,8 @@ def test_explicit_init_keeps_the_random_tree_and_takes_the_factors(tiny_workdir)
         explicit_transformer_init(config, key, factors, embedding_rms=0.0)
     with pytest.raises(SaffuError, match="--explicit-embedding-rms must be > 0"):   # before any solve
         StartConfig(init="explicit", model="transformer", explicit_embedding_rms=-1.0)
+    with pytest.raises(SaffuError, match="--explicit-output-rms must be > 0"):
+        StartConfig(init="explicit", model="transformer", explicit_output_rms=0.0)
 
 
 @pytest.mark.slow   # end to end through the CLI (exact, train, eval, blimp, generate): about 40 s

@@ -355,7 +355,8 @@ def parameter_count_of(config: TransformerConfig) -> int:
 
 
 def explicit_transformer_init(config: TransformerConfig, key: jax.Array, factors: Params,
-                              pieces: tuple[str, ...] = EXPLICIT_PIECES, embedding_rms: float | None = None) -> Params:
+                              pieces: tuple[str, ...] = EXPLICIT_PIECES, embedding_rms: float | None = None,
+                              output_rms: float | None = None) -> Params:
     """Random init (:func:`transformer_init` with ``key``) with ``pieces`` taken from the
     explicit low-rank factors of :func:`saffu.solve.factors.solve_factorised` at rank
     ``r = config.width`` (``factors["embeddings"] float32[P, V, r]``, ``["output_weights"]
@@ -367,7 +368,8 @@ def explicit_transformer_init(config: TransformerConfig, key: jax.Array, factors
       rescaled to the random embeddings' root-mean-square, or to ``embedding_rms`` where given
       (``1.0``: the scale a norm layer outputs, so the embeddings are not buried under the
       blocks' first outputs);
-    * ``"output"``: the output kernel is ``B``, rescaled to the random kernel's root-mean-square.
+    * ``"output"``: the output kernel is ``B``, rescaled to the random kernel's root-mean-square,
+      or to ``output_rms`` where given.
 
     Rescaling keeps the initialiser's variance (pretrained vectors help from scratch only at
     that scale); the blocks stay random. The parameter tree and every shape are those of random init.
@@ -379,8 +381,8 @@ def explicit_transformer_init(config: TransformerConfig, key: jax.Array, factors
     if E.shape != (config.vocab_size, config.width) or B.shape != (config.width, config.vocab_size):
         raise SaffuError(f"explicit factors of shape {tuple(E.shape)} / {tuple(B.shape)} do not fit a transformer of "
                          f"width {config.width} and {config.vocab_size:,} tokens; solve them at rank {config.width}")
-    if embedding_rms is not None and not embedding_rms > 0:
-        raise SaffuError(f"the explicit embeddings' RMS must be > 0, not {embedding_rms}")
+    if any(value is not None and not value > 0 for value in (embedding_rms, output_rms)):
+        raise SaffuError(f"the explicit embeddings' and output's RMS must be > 0, not {embedding_rms}, {output_rms}")
     params = transformer_init(config, key)
     rms = lambda x: jnp.sqrt(jnp.mean(jnp.square(x)))
     if "bias" in pieces and config.output_bias:
@@ -391,7 +393,8 @@ def explicit_transformer_init(config: TransformerConfig, key: jax.Array, factors
         params["embed"]["embedding"] = (E * (scale / rms(E))).astype(random.dtype)
     if "output" in pieces:
         random = params["output"]["kernel"]
-        params["output"]["kernel"] = (B * (rms(random) / rms(B))).astype(random.dtype)
+        scale = rms(random) if output_rms is None else output_rms
+        params["output"]["kernel"] = (B * (scale / rms(B))).astype(random.dtype)
     return params
 
 

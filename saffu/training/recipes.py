@@ -224,18 +224,19 @@ def residual_run(workdir: WorkDir, run: str | Path, key: jax.Array, base=None, e
 
 def explicit_transformer_start(workdir: WorkDir, config, key: jax.Array, pieces: tuple[str, ...] = EXPLICIT_PIECES,
                                solver: FactorConfig = FactorConfig(), progress: bool = False,
-                               embedding_rms: float | None = None) -> tuple[Params, float, dict]:
+                               embedding_rms: float | None = None,
+                               output_rms: float | None = None) -> tuple[Params, float, dict]:
     """A transformer ``config``'s random init (from ``key``) with ``pieces`` from the explicit
     low-rank factors of rank ``config.width`` solved from ``workdir``
-    (:func:`saffu.models.transformer.explicit_transformer_init`; ``embedding_rms``: the
-    embeddings' scale, default the random init's). Returns ``(params, seconds
-    of the solve and init, the factor solve's report)``."""
+    (:func:`saffu.models.transformer.explicit_transformer_init`; ``embedding_rms`` and
+    ``output_rms``: the embeddings' and the output kernel's scale, default the random init's).
+    Returns ``(params, seconds of the solve and init, the factor solve's report)``."""
     from saffu.models.transformer import explicit_transformer_init
     from saffu.solve.factors import solve_factorised
     tick = time.perf_counter()
     factors, report = solve_factorised(workdir, FactorisedConfig(workdir.vocab_size, rank=config.width, positions=1),
                                        solver, progress=progress)
-    params = explicit_transformer_init(config, key, factors, tuple(pieces), embedding_rms)
+    params = explicit_transformer_init(config, key, factors, tuple(pieces), embedding_rms, output_rms)
     return params, time.perf_counter() - tick, report
 
 
@@ -404,7 +405,7 @@ def _start(workdir, run, start, key, new_model, residual, factors, progress, ann
     if start.init == "explicit" and kind == "transformer":
         config = model()
         params, seconds, _ = explicit_transformer_start(workdir, config, key, start.explicit_pieces, factors, progress,
-                                                        start.explicit_embedding_rms)
+                                                        start.explicit_embedding_rms, start.explicit_output_rms)
         start_run(run, config, workdir)
         return config, params, seconds
     config = check_inputs(run, workdir, streams=True) if start.init == "explicit" else model()
