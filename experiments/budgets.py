@@ -59,6 +59,7 @@ import any_model
 import warm_transformer as wt
 
 from results import RESULTS, write_result
+from saffu.eval.race import LOWER_BOUND, MEASURED, UPPER_BOUND, compute_with_solve, multiplier
 
 #: The vocabulary of the work directory every run made before rows recorded their own
 #: (babylm-2023-4src, BPE 8,192).
@@ -143,7 +144,7 @@ def start_of(result: dict) -> str | None:
 def compute(run: dict) -> float:
     """FLOPs of a run with its solve: training FLOPs + solve seconds × its training FLOPs/s."""
     last = run["history"][-1]
-    return last["flops"] * (1.0 + run["solve_seconds"] / last["seconds"])
+    return compute_with_solve(last["flops"], last["seconds"], run["solve_seconds"])
 
 
 def cold_compute_to_reach(curve: list[tuple[float, float]], target: float) -> tuple[float, str]:
@@ -153,17 +154,8 @@ def cold_compute_to_reach(curve: list[tuple[float, float]], target: float) -> tu
     ``(compute, how)``: ``"interpolated"``, or ``"beyond"`` (never reached: the largest compute,
     a lower bound) or ``"before"`` (reached before the smallest budget: the smallest compute,
     an upper bound)."""
-    points = sorted(curve)
-    best = []
-    for flops, bpb in points:
-        best.append((flops, min(bpb, best[-1][1]) if best else bpb))
-    if target >= best[0][1]:
-        return best[0][0], "before"
-    for (c0, y0), (c1, y1) in zip(best, best[1:]):
-        if target >= y1:                    # y0 > target (else the loop had stopped before): y0 > y1
-            share = (y0 - target) / (y0 - y1)
-            return math.exp(math.log(c0) + share * (math.log(c1) - math.log(c0))), "interpolated"
-    return best[-1][0], "beyond"
+    found = multiplier(curve, target, 1.0)              # the cold compute, whatever the explicit run's
+    return found.cold_compute, {MEASURED: "interpolated", LOWER_BOUND: "beyond", UPPER_BOUND: "before"}[found.kind]
 
 
 def multiplier_text(multiplier: float, how: str) -> str:

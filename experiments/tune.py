@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from results import write_result
 from saffu._io import SaffuError
-from saffu.eval.race import choose, multiplier
+from saffu.eval.race import choose, compute_with_solve, multiplier
 from saffu.flags import DEFAULT_CORPUS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -260,8 +260,8 @@ def _epochs(name: str) -> float:
 
 
 def compute(row: dict) -> float:
-    """A run's FLOPs with its explicit solve: training FLOPs × (1 + solve seconds / training seconds)."""
-    return row["flops"] * (1.0 + row.get("solve_seconds", 0.0) / row["train_seconds"])
+    """A run's FLOPs with its explicit solve (:func:`saffu.eval.race.compute_with_solve`)."""
+    return compute_with_solve(row["flops"], row["train_seconds"], row.get("solve_seconds", 0.0))
 
 
 def race(figures: dict) -> dict:

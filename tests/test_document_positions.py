@@ -66,3 +66,9 @@ def test_positions_reach_the_loss_of_the_transformer():
     shifted = target_loss(params, config, windows, mask, None, jnp.arange(6)[None] + 3)[0]
     same = target_loss(params, config, windows, mask, None, jnp.arange(6)[None])[0]
     assert float(same) == pytest.approx(float(plain), abs=1e-6) and abs(float(shifted) - float(plain)) > 1e-4
+
+
+def test_length_buckets_round_up_to_powers_of_two_within_the_cap():
+    from saffu.data.windows import length_buckets
+    assert length_buckets([1, 8, 9, 16, 17, 3]) == [(8, [0, 1, 5]), (16, [2, 3]), (32, [4])]
+    assert length_buckets([9, 40, 100], cap=40) == [(16, [0]), (40, [1, 2])]

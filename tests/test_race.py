@@ -66,3 +66,11 @@ def test_a_best_rate_at_a_grid_edge_is_refused(best_lr, edge):
 def test_a_grid_with_a_missing_probe_is_refused():
     with pytest.raises(SaffuError, match="no probe"):
         choose(GRID, probes(lambda lr, wd, p: lr)[:-1])
+
+
+def test_compute_counts_the_solve_at_the_training_rate():
+    from saffu.eval.race import compute_with_solve
+    assert compute_with_solve(1e12, 100.0) == 1e12
+    assert compute_with_solve(1e12, 100.0, 25.0) == pytest.approx(1.25e12)
+    with pytest.raises(SaffuError, match="training seconds"):
+        compute_with_solve(1e12, 0.0, 1.0)

@@ -46,6 +46,17 @@ def stack_windows(stream: np.ndarray, starts, ends, context: int, seq_len: int,
     return windows, mask
 
 
+def length_buckets(lengths, cap: int | None = None) -> list[tuple[int, list[int]]]:
+    """``(width, indices)`` per bucket of ``lengths int[N]``: each length rounded up to a power of
+    two ≥ 8 (at most ``cap``), so a few row shapes (few compilations) serve any set of rows;
+    buckets by width, indices in order."""
+    lengths = np.asarray(lengths, np.int64)
+    width = 1 << np.maximum(np.ceil(np.log2(np.maximum(lengths, 1))).astype(int), 3)
+    if cap is not None:
+        width = np.minimum(width, cap)
+    return [(int(w), [int(i) for i in np.flatnonzero(width == w)]) for w in np.unique(width)]
+
+
 #: Fewest targets of a tight window (:func:`window_plan`).
 MIN_TIGHT = 16
 #: Target slots a narrower tight width must save to earn its own shape (its compilation costs

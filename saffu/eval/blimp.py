@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 from saffu._io import SaffuError
 from saffu.configs import EVAL_SEQ_LEN
 from saffu.data.tokenizer import EOD_ID, PAD_ID
+from saffu.data.windows import length_buckets
 from saffu.models.interface import positional, target_nll
 from saffu.models.saffu import Params, SaffuConfig
 
@@ -115,13 +116,6 @@ def _packed_rows(lengths: np.ndarray, width: int) -> list[list[int]]:
     return rows
 
 
-def _length_buckets(lengths: np.ndarray) -> list[tuple[int, list[int]]]:
-    """``(targets per row, sentence indices)`` per bucket: lengths rounded up to a power of
-    two ≥ 8, so a few window shapes (few compilations) serve any set of sentences."""
-    width = 1 << np.maximum(np.ceil(np.log2(np.maximum(lengths, 1))).astype(int), 3)
-    return [(int(w), [int(i) for i in np.flatnonzero(width == w)]) for w in np.unique(width)]
-
-
 def _layout(config, pack: bool | None) -> str:
     """How :func:`sentence_log_probs` lays sentences out: ``"local"`` (packed behind ``context``
     pads), ``"positioned"`` (packed, positions given) or ``"rows"`` (one per row, bucketed)."""
@@ -171,7 +165,7 @@ def sentence_log_probs(params: Params, config: SaffuConfig, tokenizer, sentences
         width = max(PACKED_ROW, 1 << int(np.ceil(np.log2(longest + 1))))
         groups = [(width, _packed_rows(lengths, width))]
     else:
-        groups = [(width, [[i] for i in members]) for width, members in _length_buckets(lengths)]
+        groups = [(width, [[i] for i in members]) for width, members in length_buckets(lengths)]
     calls = []                                                     # (targets per row, rows, rows per call)
     for width, rows in groups:
         per_call = batch_size or max(1, call_positions // (context + width))

@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 
 from saffu._io import SaffuError
 from saffu.data.tokenizer import PAD_ID
+from saffu.data.windows import length_buckets
 from saffu.models.interface import target_logits
 
 #: Token positions per call (rows × width); on CPU calls of a few thousand positions run
@@ -75,10 +76,9 @@ def continuation_log_probs(params, config, requests: list[tuple[list[int], list[
     lengths = np.asarray([len(row) for row in rows], np.int64)
     scored_counts = np.asarray([min(len(c), len(row) - 1) for (_, c), row in zip(requests, rows)], np.int64)
     lead = config.context - 1
-    width = np.minimum(1 << np.maximum(np.ceil(np.log2(np.maximum(lengths - 1, 1))).astype(int), 3), limit)
     calls = []
-    for w in np.unique(width):
-        members = [int(i) for i in np.argsort(-lengths, kind="stable") if width[i] == w]
+    for w, bucket in length_buckets(lengths - 1, cap=limit):       # rows of one width, longest first
+        members = sorted(bucket, key=lambda i: -lengths[i])
         per_call = batch_size or max(1, CALL_POSITIONS // (lead + 1 + int(w)))
         calls += [(int(w), members[s:s + per_call], per_call) for s in range(0, len(members), per_call)]
     log_probs, greedy = np.zeros(len(rows)), np.zeros(len(rows), bool)

@@ -38,6 +38,14 @@ class Multiplier(NamedTuple):
     cold_compute: float
 
 
+def compute_with_solve(flops: float, train_seconds: float, solve_seconds: float = 0.0) -> float:
+    """A run's compute with its explicit solve, FLOPs: the training's ``flops`` plus the solve's
+    seconds at the training's FLOPs per second, ``flops · (1 + solve_seconds / train_seconds)``."""
+    if not train_seconds > 0:
+        raise SaffuError(f"a run's training seconds must be > 0, not {train_seconds}")
+    return flops * (1.0 + solve_seconds / train_seconds)
+
+
 def running_best(curve: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
     """``[(compute, loss), …]`` sorted by compute, each loss the best so far (a longer budget
     that ends worse does not make cold need less compute)."""
