@@ -237,8 +237,8 @@ def cmd_train(args) -> dict:
     workdir = _workdir(args)
     if (start.init == "inherit" and start.inherit_before_lazy and start.inherit_layers is None
             and start.reference is not None and start.start_from is None):
-        from saffu.jobs import layers_before_lazy
-        start = dataclasses.replace(start, inherit_layers=layers_before_lazy(
+        from saffu.jobs import run_layers_before_lazy
+        start = dataclasses.replace(start, inherit_layers=run_layers_before_lazy(
             args.reference, workdir, not args.quiet, lambda m: _say(args, m)))
     config, params, solve_seconds = recipes.start_training(
         workdir, run, start, jax.random.fold_in(jax.random.key(args.seed), 0),
@@ -433,11 +433,11 @@ def cmd_generate(args) -> dict:
 
 def cmd_inspect(args) -> dict:
     from saffu.eval.attention import profile_table
-    from saffu.jobs import attention_profile
+    from saffu.jobs import run_attention_profile
     workdir, config, params, which = _load_run(args)
     inspect = config_from_args(configs.InspectConfig, args, ("split", "windows", "seq_len", "energy", "lazy_rank"))
     out = args.out if args.out is not None else args.run / "attention"
-    profile, metrics = attention_profile(params, config, workdir, inspect, out, f"{args.run.name} ({which})",
+    profile, metrics = run_attention_profile(params, config, workdir, inspect, out, f"{args.run.name} ({which})",
                                          progress=not args.quiet)
     print(f"attention of {args.run} ({which}), {profile['windows']} {inspect.split} windows of "
           f"{profile['window_tokens']} tokens, effective rank at {inspect.energy:.0%} energy, lazy at rank "

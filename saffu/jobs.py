@@ -99,17 +99,17 @@ def ngram_baseline(workdir, config: configs.NgramConfig = configs.NgramConfig(),
                                       progress="count n-grams" if progress else None)
     fit_seconds = time.perf_counter() - start
     metrics = {"order": config.order, "fit_seconds": fit_seconds, "tokens_per_s": (len(train_stream) - 1) / fit_seconds,
-               **kneser_ney.model_size(model), **ngram.score_splits(model, workdir, eval_splits(workdir), progress=progress)}
+               **kneser_ney.model_size(model), **ngram.ngram_splits(model, workdir, eval_splits(workdir), progress=progress)}
     if arpa_path:
         tick = time.perf_counter()
         arpa.write_arpa(model, arpa_path)
         metrics.update(arpa=str(arpa_path), arpa_seconds=time.perf_counter() - tick)
     if blimp:
-        metrics.update(ngram.evaluate_blimp(model, workdir.tokenizer(), blimp))
+        metrics.update(ngram.ngram_blimp(model, workdir.tokenizer(), blimp))
     return {**metrics, **accounting.memory_record()}
 
 
-def attention_profile(params, config, workdir, inspect: configs.InspectConfig, out: Path, label: str,
+def run_attention_profile(params, config, workdir, inspect: configs.InspectConfig, out: Path, label: str,
                       progress: bool = False) -> tuple[dict, dict]:
     """The attention profile of a run (:func:`saffu.eval.attention.inspect_attention` over
     ``inspect.windows`` windows of ``inspect.split``), written to ``out.json`` with its plot at
@@ -125,7 +125,7 @@ def attention_profile(params, config, workdir, inspect: configs.InspectConfig, o
     return profile, {**flat_metrics(profile), "json": str(json_path), "plot": str(plot_path)}
 
 
-def layers_before_lazy(reference_run: Path, workdir, progress: bool = False, say: Say = _silent) -> int | None:
+def run_layers_before_lazy(reference_run: Path, workdir, progress: bool = False, say: Say = _silent) -> int | None:
     """The blocks of a trained transformer or SAFFU run before its first lazy layer (its attention
     profile, :func:`saffu.eval.attention.layers_before_lazy`): what ``--inherit-before-lazy``
     inherits. ``None`` for another kind (the inheritance recipe says what it must be)."""

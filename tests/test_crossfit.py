@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from saffu.configs import ExactConfig, TrainConfig, TransformerConfig
-from saffu.data.folds import complement, fold_documents, fold_targets, fold_window_starts
+from saffu.data.folds import fold_documents, fold_targets, fold_window_starts, other_folds
 from saffu.data.tokenizer import EOD_ID
 from saffu.data.workdir import open_workdir
 from saffu.models.exact import exact_logits
@@ -54,7 +54,7 @@ def test_folds_cover_every_document_once_in_interleaved_blocks(tiny_workdir):
         targets = fold_targets(stream, folds, blocks)
         assert sum(e - b for ranges in targets for b, e in ranges) == len(stream) - 1   # every target once
         for k in range(folds):
-            rest = complement(per_fold, k)
+            rest = other_folds(per_fold, k)
             assert sum(b - a for a, b in rest) + sum(b - a for a, b in per_fold[k]) == documents
         for k, starts in enumerate(fold_window_starts(stream, folds, 16, blocks)):
             inside = lambda s, k=k, targets=targets: any(b <= s and s + 16 <= e for b, e in targets[k])

@@ -15,7 +15,7 @@ from saffu.engine.distributed import document_shard
 from saffu.engine.rows import merge_rows
 from saffu.models.exact import compact_tables, context_ids, exact_logits, group_rows, table_rows
 from saffu.ngram.counts import count_rows
-from saffu.solve.exact import build_group, complement, solve_exact
+from saffu.solve.exact import build_group, outside_ranges, solve_exact
 
 
 def in_document_context(stream, head, offsets):
@@ -40,7 +40,7 @@ def test_sparse_model_equals_the_dense_float64_formula(tiny_workdir, bucket_by, 
     assert report["holdout_loss_first_part"] < report["holdout_loss_beta1"]     # the same tokens
     stream = np.asarray(tiny_workdir.tokens("train_10M"))
     holdout = tiny_workdir.sample_documents("train_10M", 200)[0]
-    counted = complement(holdout, 1, len(stream))
+    counted = outside_ranges(holdout, 1, len(stream))
     unigram, pairs = Counter(), [Counter() for _ in config.groups]
     for a, b in counted:
         for t in range(a, b):

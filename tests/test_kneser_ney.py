@@ -196,13 +196,13 @@ def test_next_token_distributions_sum_to_one(order):
 def test_sentence_scores_are_document_scores_without_the_closing_eod():
     model = kn.fit_kneser_ney(stream_of(zipf_documents(6, 100, 16)), 3, vocab_size=16)
     sentences = [[2, 3, 4], [], [15, 15], [5]]
-    got = kn.sentence_log_probs(model, sentences)
+    got = kn.kn_sentence_log_probs(model, sentences)
     for sentence, score in zip(sentences, got):
         scores = kn.log_probs(model, stream_of([sentence]))
         assert score == pytest.approx(scores[:-1].sum(), abs=1e-12)
     assert got[1] == 0.0
     with pytest.raises(SaffuError, match="regular token ids"):
-        kn.sentence_log_probs(model, [[2, EOD_ID, 3]])
+        kn.kn_sentence_log_probs(model, [[2, EOD_ID, 3]])
 
 
 # --------------------------------------------------------------------------- ARPA

@@ -53,7 +53,7 @@ def fold_targets(stream: np.ndarray, folds: int, blocks: int = FOLD_BLOCKS) -> l
     return [[(int(eods[a]) + 1, int(eods[z]) + 1) for a, z in ranges] for ranges in fold_documents(stream, folds, blocks)]
 
 
-def complement(fold_ranges: list[list[tuple[int, int]]], k: int) -> list[tuple[int, int]]:
+def other_folds(fold_ranges: list[list[tuple[int, int]]], k: int) -> list[tuple[int, int]]:
     """The ranges of every fold but ``k``, merged and in order (the data fold ``k``'s model is
     solved from)."""
     merged: list[list[int]] = []

@@ -8,10 +8,10 @@ from collections.abc import Sequence
 from saffu.data.workdir import WorkDir
 from saffu.eval.blimp import blimp_accuracy, load_blimp
 from saffu.eval.metrics import split_metrics
-from saffu.ngram.kneser_ney import KneserNeyModel, fit_kneser_ney, log_probs, model_size, sentence_log_probs
+from saffu.ngram.kneser_ney import KneserNeyModel, fit_kneser_ney, kn_sentence_log_probs, log_probs, model_size
 
 
-def score_splits(model: KneserNeyModel, workdir: WorkDir, splits: Sequence[str], *, chunk_size: int = 1 << 16,
+def ngram_splits(model: KneserNeyModel, workdir: WorkDir, splits: Sequence[str], *, chunk_size: int = 1 << 16,
                  progress: bool = False) -> dict[str, float]:
     """Score every target of each split of ``splits`` (positions ``1 … end``): the
     :func:`saffu.eval.metrics.split_metrics` figures (``{split}_loss``, ``_ppl``, ``_bpb``,
@@ -27,13 +27,13 @@ def score_splits(model: KneserNeyModel, workdir: WorkDir, splits: Sequence[str],
     return metrics
 
 
-def evaluate_blimp(model: KneserNeyModel, tokenizer, directory) -> dict[str, float]:
+def ngram_blimp(model: KneserNeyModel, tokenizer, directory) -> dict[str, float]:
     """BLiMP accuracy of ``model`` (:func:`saffu.eval.blimp.blimp_accuracy`): every sentence scored
-    as a document, :func:`sentence_log_probs`."""
+    as a document, :func:`kn_sentence_log_probs`."""
     pairs = load_blimp(directory)
     encode = lambda texts: [e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
-    good = sentence_log_probs(model, encode([p.good for p in pairs]))
-    bad = sentence_log_probs(model, encode([p.bad for p in pairs]))
+    good = kn_sentence_log_probs(model, encode([p.good for p in pairs]))
+    bad = kn_sentence_log_probs(model, encode([p.bad for p in pairs]))
     return blimp_accuracy(pairs, good, bad)
 
 
@@ -42,7 +42,7 @@ def evaluate_workdir(workdir: WorkDir, order: int, split: str = "dev", *, chunk_
     """Fit an order-``order`` model on the training split of a :class:`saffu.data.workdir.WorkDir`
     and score every target of ``split`` (positions ``1 … end``).
 
-    Returns the :func:`score_splits` figures of ``split`` plus ``order``, ``fit_seconds``,
+    Returns the :func:`ngram_splits` figures of ``split`` plus ``order``, ``fit_seconds``,
     ``score_seconds``, ``ngrams_<k>`` (model entries per order; order 1 is the vocabulary)
     and ``discount_<k>_<j>``.
     """
@@ -50,7 +50,7 @@ def evaluate_workdir(workdir: WorkDir, order: int, split: str = "dev", *, chunk_
     model = fit_kneser_ney(workdir.tokens(workdir.train_split), order, vocab_size=workdir.vocab_size,
                            chunk_size=chunk_size, progress="count n-grams" if progress else None)
     metrics: dict[str, float] = {"order": order, "fit_seconds": time.perf_counter() - start}
-    metrics.update(score_splits(model, workdir, [split], chunk_size=chunk_size, progress=progress))
+    metrics.update(ngram_splits(model, workdir, [split], chunk_size=chunk_size, progress=progress))
     metrics["score_seconds"] = metrics.pop(f"{split}_score_seconds")
     metrics.update({key: n for key, n in model_size(model).items() if key != "params"})
     for k in range(order):

@@ -249,7 +249,7 @@ def next_token_log_probs(model: KneserNeyModel, history: Sequence[int]) -> np.nd
     return out
 
 
-def sentence_log_probs(model: KneserNeyModel, token_id_lists: Sequence[Sequence[int]]) -> np.ndarray:
+def kn_sentence_log_probs(model: KneserNeyModel, token_id_lists: Sequence[Sequence[int]]) -> np.ndarray:
     """Total natural-log probability of each sentence scored as a document: its tokens after
     an ``<eod>``; the closing ``<eod>`` is not scored (as BLiMP wants). ``float64[N]``."""
     lengths = np.asarray([len(ids) for ids in token_id_lists], np.int64)

@@ -38,7 +38,7 @@ BETA_MAX = 10.0
 ROW_WIDTHS = (4, 8, 16, 32, 64, 128, 256, 512)
 
 
-def complement(ranges: list[tuple[int, int]], begin: int, end: int) -> list[tuple[int, int]]:
+def outside_ranges(ranges: list[tuple[int, int]], begin: int, end: int) -> list[tuple[int, int]]:
     """The target ranges of ``[begin, end)`` outside the sorted, disjoint ``ranges``."""
     out, cursor = [], begin
     for a, b in sorted(ranges):
@@ -200,7 +200,7 @@ def held_out_prior(workdir: WorkDir, vocab_size: int, holdout_tokens: int, chunk
     holdout = workdir.sample_documents(split, holdout_tokens)[0] if holdout_tokens else []
     if holdout == [(1, len(stream))]:
         raise SaffuError(f"--holdout-tokens {holdout_tokens:,} covers the whole training split; use fewer")
-    counted = complement(holdout, 1, len(stream))
+    counted = outside_ranges(holdout, 1, len(stream))
     rows, counts = count_rows(stream, (), counted, vocab_size=vocab_size, chunk_size=chunk_size,
                               progress="unigram" if progress else None)
     target_counts = np.zeros(vocab_size, np.int64)

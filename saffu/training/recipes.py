@@ -38,7 +38,7 @@ from saffu.configs import (
     ResidualConfig,
     StartConfig,
 )
-from saffu.data.folds import complement, fold_documents
+from saffu.data.folds import fold_documents, other_folds
 from saffu.data.workdir import WorkDir, subset_workdir
 from saffu.models.exact import compact_tables
 from saffu.models.interface import model_init
@@ -127,7 +127,7 @@ def solve_folds(source: WorkDir, config: ExactConfig, folds: int, out: str | Pat
     runs, fingerprints, seconds = [], [], 0.0
     for k in range(folds):
         run = out / f"fold{k}"
-        data = subset_workdir(source, run / "data", train_documents=complement(documents, k), show_progress=progress)
+        data = subset_workdir(source, run / "data", train_documents=other_folds(documents, k), show_progress=progress)
         if not ((run / "config.json").is_file() and load_run_config(run) == config
                 and run_record(run).get("workdir_fingerprint") == data.fingerprint):
             tick = time.perf_counter()
