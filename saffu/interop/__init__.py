@@ -11,7 +11,8 @@
   (``saffu export``).
 """
 
-from saffu.interop.init import ExplicitPieces, explicit_init, tied_matrix
+from saffu.interop.init import explicit_init, tied_matrix
+from saffu.interop.pieces import ExplicitPieces
 from saffu.interop.residual import ExplicitResidual
 from saffu.interop.tokens import TokenSource, solve_exact_tables, solve_pieces, workdir_from_tokens
 from saffu.interop.weights_file import read_init_file, write_init_file

@@ -29,7 +29,6 @@ after the final norm, ``h · B`` carries ``log p(y)`` up to a constant.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -37,39 +36,13 @@ import jax
 import numpy as np
 
 from saffu._io import SaffuError
+from saffu.interop.pieces import ExplicitPieces
+from saffu.interop.tokens import TokenSource, solve_pieces
 
 Selector = str | Sequence[Any] | Callable[[Any], Any]
 
 #: Closed-form choices for one matrix that is both the token embedding and the output kernel.
 TIED_CHOICES = ("embedding", "output", "mean")
-
-
-@dataclasses.dataclass(frozen=True)
-class ExplicitPieces:
-    """The explicit pieces a model is initialised from, indexed by the user's token ids.
-
-    Attributes:
-      embedding: ``float32[V, r]`` — ``E_0``, the current token's explicit embedding.
-      output: ``float32[r, V]`` — ``B``, the shared output factor (``logits = h B + b``).
-      bias: ``float32[V]`` — ``log p(y)``, the add-one smoothed log-unigram of the counted
-        training targets.
-      counts: ``int64[V]`` — those targets' counts (``p(y) = (n_y + 1) / (n + V)``).
-      manifest: where they came from (corpus, tokenizer fingerprint, rank, solve report).
-    """
-
-    embedding: np.ndarray
-    output: np.ndarray
-    bias: np.ndarray
-    counts: np.ndarray
-    manifest: dict
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self.bias.shape[0])
-
-    @property
-    def rank(self) -> int:
-        return int(self.embedding.shape[1])
 
 
 def path_name(path) -> str:
@@ -243,7 +216,6 @@ def explicit_init(params, pieces, *, embedding: Selector, output: Selector | Non
     embedding_layout = _layout(shape, vocab, "embedding", embedding_layout)
     width = shape[1] if embedding_layout == "vd" else shape[0]
     if not isinstance(pieces, ExplicitPieces):
-        from saffu.interop.tokens import solve_pieces
         pieces = solve_pieces(pieces, rank=width, progress=progress)
     V = pieces.vocab_size
     if pieces.rank != width and not (fold and pieces.rank >= width - 1):
@@ -282,7 +254,6 @@ def explicit_init(params, pieces, *, embedding: Selector, output: Selector | Non
 
 def _vocab_of(source) -> int:
     from saffu.data.workdir import WorkDir, open_workdir
-    from saffu.interop.tokens import TokenSource
     if isinstance(source, TokenSource):
         return source.vocab_size
     if isinstance(source, WorkDir):

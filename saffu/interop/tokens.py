@@ -27,7 +27,7 @@ from saffu._io import SaffuError, atomic_write_json, exclusive
 from saffu.configs import FactorConfig, FactorisedConfig
 from saffu.data import tokenizer as tok
 from saffu.data.workdir import META_VERSION, WorkDir, open_workdir
-from saffu.interop.init import ExplicitPieces
+from saffu.interop.pieces import ExplicitPieces
 
 
 @dataclasses.dataclass

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from saffu._io import SaffuError, atomic_write_json, probe_writable
-from saffu.interop.init import ExplicitPieces
+from saffu.interop.pieces import ExplicitPieces
 
 
 def init_tensors(pieces: ExplicitPieces) -> dict[str, np.ndarray]:

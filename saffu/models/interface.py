@@ -35,7 +35,7 @@ import numpy as np
 from saffu._io import SaffuError
 from saffu.configs import BigramConfig, ExactConfig, FactorisedConfig, Params, ResidualConfig, SaffuConfig, TransformerConfig
 from saffu.data.tokenizer import PAD_ID
-from saffu.models import bigram, exact, factorised, transformer
+from saffu.models import bigram, exact, factorised, residual, transformer
 from saffu.models import saffu as saffu_model
 from saffu.models.fused_loss import linear_nll_sum
 
@@ -76,8 +76,7 @@ def model_init(config, key: jax.Array) -> Params:
     if kind == "external":
         return config.init(key)
     if kind == "residual":
-        from saffu.models.residual import residual_init  # the residual wraps the other kinds
-        return residual_init(config, key)
+        return residual.residual_init(config, key, model_init)        # the residual wraps the other kinds
     init = KINDS[kind][1]
     if init is None:
         raise SaffuError(f"a {kind} model has no random init: it is solved (its explicit solution is its start)")
@@ -91,8 +90,7 @@ def model_logits(config, params: Params, tokens: jax.Array) -> jax.Array:
     if kind == "external":
         return config.logits(params, tokens)
     if kind == "residual":
-        from saffu.models.residual import residual_logits
-        return residual_logits(params, config, tokens)
+        return residual.residual_logits(params, config, tokens, model_logits)
     return KINDS[kind][2](params, config, tokens)
 
 
@@ -191,8 +189,7 @@ def target_logits(params: Params, config, windows: jax.Array, context: int | Non
     if kind == "exact":
         return _local_target_logits(params, config, windows, context)
     if kind == "residual":
-        from saffu.models.residual import base_params
-        trained = target_logits(base_params(params, config), config.base, windows, context, positions)
+        trained = target_logits(residual.base_params(params, config), config.base, windows, context, positions)
         if "scale" not in params:
             return trained
         # λ · e + f: the explicit part's log-softmax shifts each position's logits by a constant,

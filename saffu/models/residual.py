@@ -20,12 +20,13 @@ alone and the explicit tables are not read — the trained model after its annea
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 
 from saffu.configs import Params, ResidualConfig
-from saffu.models.exact import compact_tables
-from saffu.models.interface import model_init, model_logits
+from saffu.models.exact import compact_tables, exact_logits
 
 
 def zero_output(kind: str, params: Params) -> Params:
@@ -64,11 +65,11 @@ def _zero_output_layer(params: Params) -> None:
         params["output_factors"] = {**factors, last: jnp.zeros_like(factors[last])}
 
 
-def residual_init(config: ResidualConfig, key: jax.Array) -> Params:
-    """The trainable part at step 0: ``f_θ`` randomly initialised (``config.base.init``) with
-    its output layer at zero, and ``λ = config.scale_init`` (annealed: no ``"scale"``; the
-    trainer passes each step's ``λ``)."""
-    base = zero_output(config.base.kind, model_init(config.base, key))
+def residual_init(config: ResidualConfig, key: jax.Array, base_init: Callable) -> Params:
+    """The trainable part at step 0: ``f_θ`` randomly initialised (``base_init(config.base,
+    key)``, :func:`saffu.models.interface.model_init`) with its output layer at zero, and
+    ``λ = config.scale_init`` (annealed: no ``"scale"``; the trainer passes each step's ``λ``)."""
+    base = zero_output(config.base.kind, base_init(config.base, key))
     fixed = {name: base.pop(name) for name in getattr(config.base, "fixed_params", ()) if name in base}
     model = {"model": base, **fixed}       # f_θ's fixed inputs (SAFFU's codes) beside it, never trained
     if config.scale == "annealed":
@@ -93,12 +94,12 @@ def explicit_log_probs(params: Params, config: ResidualConfig, tokens: jax.Array
     table is copied); otherwise the whole split's (``params["explicit"]``)."""
     if "fold" in params:
         folds = jax.tree.map(jax.lax.stop_gradient, params["folds"])
-        branches = [lambda tokens, tables=tables: model_logits(config.explicit, tables, tokens).astype(jnp.float32)
+        branches = [lambda tokens, tables=tables: exact_logits(tables, config.explicit, tokens).astype(jnp.float32)
                     for tables in folds]
         logits = jax.lax.switch(params["fold"], branches, tokens)
     else:
         frozen = jax.tree.map(jax.lax.stop_gradient, params["explicit"])
-        logits = model_logits(config.explicit, frozen, tokens).astype(jnp.float32)
+        logits = exact_logits(frozen, config.explicit, tokens).astype(jnp.float32)
     return jax.nn.log_softmax(logits, axis=-1)
 
 
@@ -108,10 +109,11 @@ def base_params(params: Params, config: ResidualConfig) -> Params:
     return {**params["model"], **{name: params[name] for name in getattr(config.base, "fixed_params", ())}}
 
 
-def residual_logits(params: Params, config: ResidualConfig, tokens: jax.Array) -> jax.Array:
-    """``λ · log P_explicit + f_θ``: ``int32[B, S]`` -> ``float32[B, S, V]``; ``f_θ`` alone
-    when ``params`` hold no ``"scale"`` (an annealed residual after its anneal)."""
-    trained = model_logits(config.base, base_params(params, config), tokens)
+def residual_logits(params: Params, config: ResidualConfig, tokens: jax.Array, base_logits: Callable) -> jax.Array:
+    """``λ · log P_explicit + f_θ``: ``int32[B, S]`` -> ``float32[B, S, V]``, ``f_θ`` by
+    ``base_logits(config.base, params, tokens)`` (:func:`saffu.models.interface.model_logits`);
+    ``f_θ`` alone when ``params`` hold no ``"scale"`` (an annealed residual after its anneal)."""
+    trained = base_logits(config.base, base_params(params, config), tokens)
     if "scale" not in params:
         return trained
     return params["scale"].astype(trained.dtype) * explicit_log_probs(params, config, tokens).astype(trained.dtype) \
