@@ -403,6 +403,23 @@ def cmd_harness(args) -> dict:
     return _print_metrics(f"lm-evaluation-harness on {args.run}", metrics)
 
 
+def cmd_sweep(args) -> dict:
+    from saffu._io import atomic_write_json
+    from saffu.runner import grid, read_grid, sweep
+    specs = grid(*read_grid(args.grid))
+    rows = sweep(specs, args.out, args.workdir, args.jobs, say=lambda message: _say(args, message))
+    atomic_write_json(args.out / "rows.json", rows)
+    width = max(len(name) for name in specs)
+    print(f"{'run':<{width}}  dev bits/byte  train loss  train–dev gap  compute (FLOPs)")
+    for row in rows:
+        get = lambda key, row=row: row.get(key, float("nan"))
+        print(f"{row['name']:<{width}}  {get('dev_bpb'):13.4f}  {get('train_loss'):10.3f}  {get('gap_nats'):13.3f}"
+              f"  {get('compute'):15.3e}")
+    best = min(rows, key=lambda row: row.get("dev_bpb", float("inf")))
+    return {"runs": len(rows), "best": best["name"], "best_dev_bpb": best.get("dev_bpb"),
+            "rows": str(args.out / "rows.json")}
+
+
 def cmd_ngram(args) -> dict:
     from saffu.jobs import ngram_baseline
     config, workdir = config_from_args(configs.NgramConfig, args, ("order",)), _workdir(args)
@@ -450,7 +467,7 @@ def cmd_inspect(args) -> dict:
 COMMANDS = {"prepare": cmd_prepare, "stats": cmd_stats, "fit": cmd_fit, "factorise": cmd_factorise,
             "exact": cmd_exact, "train": cmd_train, "eval": cmd_eval, "pack": cmd_pack,
             "init-weights": cmd_init_weights, "export": cmd_export, "blimp": cmd_blimp, "harness": cmd_harness,
-            "ngram": cmd_ngram,
+            "sweep": cmd_sweep, "ngram": cmd_ngram,
             "generate": cmd_generate, "inspect": cmd_inspect, "download": cmd_download, "demo": cmd_demo}
 
 

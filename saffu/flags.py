@@ -288,8 +288,9 @@ def train_spec(start, model, train, options: dict) -> dict:
 
 def spec_defaults(path: Path) -> dict:
     """``saffu train``'s parsed defaults from a spec file (JSON, or TOML with the same sections:
-    :func:`train_spec`): every value becomes its flag's default, so flags given on the command
-    line override it. One error line for a file that is not a spec."""
+    :func:`train_spec`, and ``eval`` for ``eval_tokens``): every value becomes its flag's
+    default, so flags given on the command line override it. One error line for a file that is
+    not a spec."""
     import json
     import tomllib
     path = Path(path)
@@ -298,9 +299,9 @@ def spec_defaults(path: Path) -> dict:
         spec = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
     except (OSError, ValueError) as err:
         raise SaffuError(f"--config {path} is not a readable run spec ({err})") from None
-    unknown = set(spec) - {"start", "model", "train", "options", "command"}
+    unknown = set(spec) - {"start", "model", "train", "options", "eval", "command"}
     if unknown:
-        raise SaffuError(f"--config {path}: unknown sections {sorted(unknown)} (start, model, train, options)")
+        raise SaffuError(f"--config {path}: unknown sections {sorted(unknown)} (start, model, train, options, eval)")
     defaults = {}
 
     def take(section: str, allowed, cls=None, rename=None, skip=()):
@@ -318,6 +319,7 @@ def spec_defaults(path: Path) -> dict:
     take("start", (*START, "ffn_from"), configs.StartConfig)
     take("train", TRAIN, configs.TrainConfig)
     take("options", TRAIN_OPTIONS)
+    take("eval", ("eval_tokens",), configs.EvalConfig)
     kind = spec.get("model", {}).get("kind") or spec.get("start", {}).get("model")
     if spec.get("model") and kind not in MODEL:
         raise SaffuError(f"--config {path}: model.kind must be one of {', '.join(MODEL)}, not {kind!r}")
@@ -523,6 +525,19 @@ def _harness_flags(p) -> None:
     p.add_argument("--batch-size", type=int, help="rows per scoring call (default: about 2,048 positions)")
 
 
+def _sweep_flags(p) -> None:
+    """a grid of saffu train runs, one process per core (saffu.runner)
+
+    Run every combination of a grid file's axes over its base spec (TOML or JSON: base = the
+    sections of a saffu train --config spec; axes = {"section.setting" = [values]}), each a saffu
+    train run in OUT/NAME (NAME: its axes' values). A finished run is skipped, an interrupted one
+    resumes; a folder holding another spec is refused. Prints and writes (OUT/rows.json) a row per run."""
+    p.add_argument("grid", type=Path, help="the grid file (TOML or JSON)")
+    p.add_argument("--workdir", type=Path, required=True, help="work directory of `saffu prepare`")
+    p.add_argument("--out", type=Path, required=True, help="folder of the run folders")
+    p.add_argument("--jobs", type=int, default=2, help="runs at once, each pinned to a core of its own")
+
+
 def _ngram_flags(p) -> None:
     """Kneser-Ney n-gram baseline from the engine's counts (+ ARPA, BLiMP)
 
@@ -584,8 +599,8 @@ def _demo_flags(p) -> None:
 COMMAND_FLAGS = {"prepare": _prepare_flags, "stats": _stats_flags, "fit": _fit_flags, "factorise": _factorise_flags,
                  "exact": _exact_flags, "train": _train_flags, "eval": _eval_flags, "pack": _pack_flags,
                  "init-weights": _init_weights_flags, "export": _export_flags, "blimp": _blimp_flags,
-                 "harness": _harness_flags, "ngram": _ngram_flags, "generate": _generate_flags, "inspect": _inspect_flags,
-                 "download": _download_flags, "demo": _demo_flags}
+                 "harness": _harness_flags, "sweep": _sweep_flags, "ngram": _ngram_flags, "generate": _generate_flags,
+                 "inspect": _inspect_flags, "download": _download_flags, "demo": _demo_flags}
 
 #: What each writing command writes into: ``(flag, attribute, a directory?)``; the command
 #: holds that directory's write lock (an ARPA file: its folder's) for the whole run.

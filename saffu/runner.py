@@ -1,0 +1,229 @@
+"""A run is a value: its spec, the sections ``saffu train --config`` reads (``start``, ``model``,
+``train``, ``options``, :func:`saffu.flags.train_spec`, and ``eval``), any of them partial (the
+rest are the defaults). A sweep is a dict of named specs, run one process per core, each in its own folder
+``OUT/NAME``; a finished run (its ``result.json`` written under the same spec) is skipped, an
+interrupted one resumes from its last checkpoint; :func:`gather` turns the folders back into rows.
+
+    from saffu.runner import gather, grid, sweep
+    specs = grid({"start": {"init": "explicit", "model": "transformer"}, "train": {"steps": 457}},
+                 {"train.learning_rate": [0.003, 0.01], "train.weight_decay": [0.0, 0.1]})
+    sweep(specs, "runs/sweep", workdir="runs/babylm", jobs=2)
+    rows = gather("runs/sweep")     # one dict per finished run: its spec's values, figures, compute
+
+``saffu sweep GRID --workdir W --out OUT`` does the same from a file holding ``base`` and ``axes``.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import itertools
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from saffu._io import SaffuError, atomic_write_json
+from saffu.eval.race import compute_with_solve
+
+#: The sections of a run spec (:func:`saffu.flags.spec_defaults` reads them).
+SECTIONS = ("start", "model", "train", "options", "eval")
+#: What a run folder holds: the spec it was started with, the training's figures, its log.
+SPEC, RESULT, LOG = "spec.json", "result.json", "log.txt"
+
+
+def spec_hash(spec: Mapping) -> str:
+    """12 hex digits of the SHA-256 of ``spec`` as canonical JSON (sorted keys): equal specs,
+    equal hashes, however their dicts were built."""
+    return hashlib.sha256(json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:12]
+
+
+def check_spec(spec: Mapping) -> dict:
+    """``spec`` as a plain dict of its sections; one error line for anything else."""
+    if not isinstance(spec, Mapping):
+        raise SaffuError(f"a run spec is a mapping of sections ({', '.join(SECTIONS)}), not {type(spec).__name__}")
+    unknown = set(spec) - set(SECTIONS)
+    if unknown:
+        raise SaffuError(f"a run spec has the sections {', '.join(SECTIONS)}; not {', '.join(sorted(unknown))}")
+    for section, values in spec.items():
+        if not isinstance(values, Mapping):
+            raise SaffuError(f"the run spec's section {section!r} must be a mapping of settings")
+    return json.loads(json.dumps(spec))
+
+
+def flatten(spec: Mapping) -> dict:
+    """``{"section.setting": value}`` of a spec."""
+    return {f"{section}.{name}": value for section, values in spec.items() for name, value in values.items()}
+
+
+def with_value(spec: Mapping, dotted: str, value) -> dict:
+    """A copy of ``spec`` with ``dotted`` (``"train.learning_rate"``) set to ``value``."""
+    section, _, name = dotted.partition(".")
+    if section not in SECTIONS or not name:
+        raise SaffuError(f"{dotted!r} names no setting: write section.setting, a section of {', '.join(SECTIONS)}")
+    out = copy.deepcopy(dict(spec))
+    out.setdefault(section, {})[name] = value
+    return out
+
+
+def grid(base: Mapping, axes: Mapping[str, list]) -> dict[str, dict]:
+    """Every combination of ``axes`` (``{"train.learning_rate": [0.003, 0.01], …}``) over
+    ``base``: ``{name: spec}``, each name the axes' settings and values
+    (``"learning_rate=0.003,weight_decay=0"``), in the order of the product."""
+    base = check_spec(base)
+    for dotted, values in axes.items():
+        if not isinstance(values, list) or not values:
+            raise SaffuError(f"the axis {dotted!r} takes a non-empty list of values")
+        with_value(base, dotted, values[0])        # a well-formed name
+    names = [dotted.partition(".")[2] for dotted in axes]
+    specs = {}
+    for combination in itertools.product(*axes.values()):
+        spec = base
+        for dotted, value in zip(axes, combination):
+            spec = with_value(spec, dotted, value)
+        name = ",".join(f"{n}={_label(v)}" for n, v in zip(names, combination)) or "base"
+        specs[name] = spec
+    return specs
+
+
+def _label(value) -> str:
+    return f"{value:g}" if isinstance(value, float) else "-".join(map(str, value)) if isinstance(value, list) \
+        else str(value)
+
+
+def command(folder: Path, workdir: str | Path, python: str = sys.executable) -> list[str]:
+    """The ``saffu train`` command of the run in ``folder`` (its spec in ``folder/spec.json``)."""
+    return [python, "-m", "saffu", "train", "--config", str(folder / SPEC), "--workdir", str(workdir),
+            "--run", str(folder), "--metrics-json", str(folder / RESULT), "--quiet"]
+
+
+def _prepare(spec: Mapping, folder: Path) -> bool:
+    """Write ``folder/spec.json`` for ``spec``; ``True`` when the run is finished already. A
+    folder holding another spec is refused, naming the settings that differ."""
+    spec = check_spec(spec)
+    path = folder / SPEC
+    if path.exists():
+        earlier = json.loads(path.read_text())
+        if spec_hash(earlier) != spec_hash(spec):
+            ours, theirs = flatten(spec), flatten(earlier)
+            differ = sorted(k for k in set(ours) | set(theirs) if ours.get(k) != theirs.get(k))
+            raise SaffuError(f"{folder} holds a run of another spec (differing: {', '.join(differ)}); "
+                             f"give this one another name or out folder")
+        return (folder / RESULT).exists()
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, spec)
+    return False
+
+
+def run(spec: Mapping, out: str | Path, workdir: str | Path, name: str | None = None,
+        core: int | None = None) -> dict:
+    """Train ``spec`` in ``out/name`` (``name`` default: its :func:`spec_hash`) unless it has
+    finished there already, then return its row (:func:`gather_one`). ``core`` pins the process
+    to that CPU core (``taskset``). Raises :class:`SaffuError` when the training fails (its log
+    is ``out/name/log.txt``)."""
+    folder = Path(out) / (name or spec_hash(spec))
+    if not _prepare(spec, folder):
+        process = _start(folder, workdir, core)
+        if process.wait():
+            raise SaffuError(f"{folder} failed (exit {process.returncode}); see {folder / LOG}")
+    return gather_one(folder)
+
+
+def _start(folder: Path, workdir, core: int | None) -> subprocess.Popen:
+    line = command(folder, workdir)
+    pin = ["taskset", "-c", str(core)] if core is not None else []
+    with open(folder / LOG, "a") as log:
+        log.write(f"$ {shlex.join(line)}\n")
+        log.flush()
+        return subprocess.Popen(pin + line, stdout=log, stderr=subprocess.STDOUT)
+
+
+def sweep(specs: Mapping[str, Mapping], out: str | Path, workdir: str | Path, jobs: int = 2,
+          say: Callable[[str], None] = print) -> list[dict]:
+    """Run every named spec of ``specs`` not finished in ``out`` yet, ``jobs`` at a time, each
+    pinned to a core of its own (when ``jobs > 1``); returns the rows of all of them
+    (:func:`gather_one`), in the order of ``specs``. A failed run is reported and the others
+    go on; :class:`SaffuError` at the end names the failed ones."""
+    out = Path(out)
+    if jobs < 1:
+        raise SaffuError(f"jobs must be ≥ 1, not {jobs}")
+    pending = [name for name, spec in specs.items() if not _prepare(spec, out / name)]
+    say(f"{len(specs) - len(pending)} of {len(specs)} runs finished already; {len(pending)} to run")
+    cores = sorted(os.sched_getaffinity(0))
+    running: dict[int, tuple[subprocess.Popen, str, float]] = {}
+    failed = []
+    while pending or running:
+        for slot in range(jobs):
+            if slot not in running and pending:
+                name = pending.pop(0)
+                core = cores[slot % len(cores)] if jobs > 1 else None
+                running[slot] = (_start(out / name, workdir, core), name, time.time())
+        time.sleep(0.5)
+        for slot, (process, name, began) in list(running.items()):
+            if process.poll() is None:
+                continue
+            del running[slot]
+            if process.returncode:
+                failed.append(name)
+                say(f"{name}: failed (exit {process.returncode}); see {out / name / LOG}")
+            else:
+                row = gather_one(out / name)
+                say(f"{name}: dev {row.get('dev_bpb', float('nan')):.4f} bits/byte ({time.time() - began:,.0f} s)")
+    if failed:
+        raise SaffuError(f"{len(failed)} of {len(specs)} runs failed: {', '.join(failed)}")
+    return [gather_one(out / name) for name in specs]
+
+
+def gather_one(folder: str | Path) -> dict:
+    """The row of a finished run folder: ``name``, ``spec_hash``, its spec's settings
+    (``"train.learning_rate"``, …), every figure of its ``result.json``, the last training loss
+    of its metrics, ``compute`` (FLOPs with the explicit solve,
+    :func:`saffu.eval.race.compute_with_solve`) and ``gap_nats`` (dev loss minus the last
+    training loss)."""
+    folder = Path(folder)
+    spec = json.loads((folder / SPEC).read_text())
+    result = json.loads((folder / RESULT).read_text())
+    history = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    row = {"name": folder.name, "spec_hash": spec_hash(spec), **flatten(spec), **result}
+    trained = [h for h in history if h.get("train_loss") == h.get("train_loss") and h.get("train_loss") is not None]
+    if trained:
+        row["train_loss"] = trained[-1]["train_loss"]
+        if "dev_loss" in row:
+            row["gap_nats"] = row["dev_loss"] - row["train_loss"]
+    if history and row.get("flops") and history[-1].get("seconds"):
+        row["compute"] = compute_with_solve(row["flops"], history[-1]["seconds"], row.get("solve_seconds", 0.0))
+    return row
+
+
+def gather(out: str | Path) -> list[dict]:
+    """The rows (:func:`gather_one`) of every finished run folder directly under ``out``, by name."""
+    out = Path(out)
+    return [gather_one(folder) for folder in sorted(out.iterdir()) if (folder / RESULT).exists()
+            and (folder / SPEC).exists()] if out.is_dir() else []
+
+
+def read_grid(path: str | Path) -> tuple[dict, dict]:
+    """``(base, axes)`` of a grid file (TOML or JSON): ``base``, a spec, and ``axes``,
+    ``{"section.setting": [values]}``; one error line for anything else."""
+    import tomllib
+    path = Path(path)
+    try:
+        text = path.read_text()
+        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    except (OSError, ValueError) as err:
+        raise SaffuError(f"{path} is not a readable grid ({err})") from None
+    unknown = set(data) - {"base", "axes"}
+    if unknown or "base" not in data:
+        raise SaffuError(f"{path}: a grid holds base (a run spec) and axes ({{section.setting: [values]}}), "
+                         f"not {', '.join(sorted(unknown)) or 'no base'}")
+    axes = {}
+    for key, values in data.get("axes", {}).items():        # TOML's dotted keys arrive as tables
+        if isinstance(values, dict):
+            axes.update({f"{key}.{name}": v for name, v in values.items()})
+        else:
+            axes[key] = values
+    return data["base"], axes

@@ -1,0 +1,84 @@
+"""Runs as values (saffu.runner): grids of specs, a sweep that skips what has finished and
+refuses a folder of another spec, rows gathered back, and ``saffu sweep``."""
+
+import json
+
+import pytest
+
+from saffu._io import SaffuError
+from saffu.cli import main
+from saffu.runner import flatten, gather, grid, read_grid, spec_hash, sweep, with_value
+
+TINY = {"start": {"init": "random", "model": "transformer"},
+        "model": {"width": 16, "layers": 1, "heads": 2, "context_tokens": 4, "max_len": 24},
+        "train": {"steps": 3, "batch_size": 2, "seq_len": 8, "eval_every": 3}, "eval": {"eval_tokens": 0}}
+
+
+def test_a_grid_is_every_combination_named_by_its_values():
+    specs = grid({"train": {"steps": 10}}, {"train.learning_rate": [0.003, 0.01], "model.block": ["gpt", "llama"]})
+    assert list(specs) == ["learning_rate=0.003,block=gpt", "learning_rate=0.003,block=llama",
+                           "learning_rate=0.01,block=gpt", "learning_rate=0.01,block=llama"]
+    assert specs["learning_rate=0.01,block=gpt"] == {"train": {"steps": 10, "learning_rate": 0.01},
+                                                     "model": {"block": "gpt"}}
+    assert grid({"train": {"steps": 10}}, {}) == {"base": {"train": {"steps": 10}}}
+    assert spec_hash({"a": {"x": 1, "y": 2}}) == spec_hash({"a": {"y": 2, "x": 1}}) != spec_hash({"a": {"x": 2}})
+    assert flatten({"train": {"steps": 3}, "eval": {"eval_tokens": 0}}) == {"train.steps": 3, "eval.eval_tokens": 0}
+    with pytest.raises(SaffuError, match="section.setting"):
+        with_value({}, "learning_rate", 0.1)
+    with pytest.raises(SaffuError, match="non-empty list"):
+        grid({}, {"train.learning_rate": []})
+    with pytest.raises(SaffuError, match="sections"):
+        grid({"optimiser": {}}, {})
+
+
+def test_a_grid_file_reads_toml_dotted_keys(tmp_path):
+    path = tmp_path / "grid.toml"
+    path.write_text('[base.train]\nsteps = 5\n\n[axes]\n"train.learning_rate" = [0.1, 0.2]\n'
+                    'model.width = [16, 32]\n')
+    base, axes = read_grid(path)
+    assert base == {"train": {"steps": 5}} and axes == {"train.learning_rate": [0.1, 0.2], "model.width": [16, 32]}
+    (tmp_path / "bad.json").write_text(json.dumps({"axes": {}}))
+    with pytest.raises(SaffuError, match="base"):
+        read_grid(tmp_path / "bad.json")
+
+
+def test_a_sweep_runs_each_spec_once_and_gathers_rows(tiny_workdir, tmp_path, capsys):
+    specs = grid(TINY, {"train.learning_rate": [0.003, 0.03]})
+    said = []
+    rows = sweep(specs, tmp_path / "out", tiny_workdir.path, jobs=2, say=said.append)
+    assert said[0] == "0 of 2 runs finished already; 2 to run"
+    assert [r["name"] for r in rows] == list(specs) and [r["train.learning_rate"] for r in rows] == [0.003, 0.03]
+    for row in rows:
+        assert row["steps"] == 3 and row["dev_whole_split"] and row["compute"] >= row["flops"] > 0
+        assert row["gap_nats"] == pytest.approx(row["dev_loss"] - row["train_loss"])
+        trained = json.loads((tmp_path / "out" / row["name"] / "train.json").read_text())
+        assert trained["train"]["learning_rate"] == row["train.learning_rate"] and trained["model"]["width"] == 16
+    assert rows[0]["dev_loss"] != rows[1]["dev_loss"]
+    assert gather(tmp_path / "out") == rows
+    said.clear()                                   # finished: nothing runs again
+    assert sweep(specs, tmp_path / "out", tiny_workdir.path, jobs=2, say=said.append) == rows
+    assert said == ["2 of 2 runs finished already; 0 to run"]
+    changed = {name: with_value(spec, "train.steps", 4) for name, spec in specs.items()}
+    with pytest.raises(SaffuError, match=r"another spec \(differing: train.steps\)"):
+        sweep(changed, tmp_path / "out", tiny_workdir.path)
+    # the command: the same grid from a file, the runs skipped, a row per run printed and written
+    grid_file = tmp_path / "grid.json"
+    grid_file.write_text(json.dumps({"base": TINY, "axes": {"train.learning_rate": [0.003, 0.03]}}))
+    capsys.readouterr()
+    assert main(["sweep", str(grid_file), "--workdir", str(tiny_workdir.path), "--out", str(tmp_path / "out"),
+                 "--metrics-json", str(tmp_path / "m.json")]) == 0
+    printed = capsys.readouterr().out
+    assert "2 of 2 runs finished already" in printed and "learning_rate=0.03" in printed
+    metrics = json.loads((tmp_path / "m.json").read_text())
+    best = min(rows, key=lambda r: r["dev_bpb"])
+    assert metrics["runs"] == 2 and metrics["best"] == best["name"] and metrics["best_dev_bpb"] == best["dev_bpb"]
+    assert json.loads((tmp_path / "out" / "rows.json").read_text()) == rows
+
+
+def test_a_failed_run_is_named_and_the_others_finish(tiny_workdir, tmp_path):
+    specs = {"good": TINY, "bad": with_value(TINY, "model.width", 15)}      # 15 is not a multiple of 2 heads
+    said = []
+    with pytest.raises(SaffuError, match="1 of 2 runs failed: bad"):
+        sweep(specs, tmp_path / "out", tiny_workdir.path, jobs=1, say=said.append)
+    assert (tmp_path / "out" / "good" / "result.json").exists() and any("bad: failed" in s for s in said)
+    assert "saffu: error" in (tmp_path / "out" / "bad" / "log.txt").read_text()
