@@ -23,7 +23,7 @@ def test_a_grid_is_every_combination_named_by_its_values():
     assert grid({"train": {"steps": 10}}, {}) == {"base": {"train": {"steps": 10}}}
     assert spec_hash({"a": {"x": 1, "y": 2}}) == spec_hash({"a": {"y": 2, "x": 1}}) != spec_hash({"a": {"x": 2}})
     assert flatten({"train": {"steps": 3}, "eval": {"eval_tokens": 0}}) == {"train.steps": 3, "eval.eval_tokens": 0}
-    with pytest.raises(SaffuError, match="section.setting"):
+    with pytest.raises(SaffuError, match=r"section\.setting"):
         with_value({}, "learning_rate", 0.1)
     with pytest.raises(SaffuError, match="non-empty list"):
         grid({}, {"train.learning_rate": []})
