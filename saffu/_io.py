@@ -74,6 +74,18 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         handle.write(data)
 
 
+def read_settings(path: str | os.PathLike, what: str) -> Any:
+    """A settings file read back: TOML for a ``.toml`` path, JSON otherwise; one error line,
+    ``"{what} is not readable ({why})"``, for a file that is missing or malformed."""
+    import tomllib
+    path = Path(path)
+    try:
+        text = path.read_text()
+        return tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    except (OSError, ValueError) as err:
+        raise SaffuError(f"{what} ({err})") from None
+
+
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
     """Write ``obj`` as indented JSON, atomically."""
     atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())

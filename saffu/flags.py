@@ -22,7 +22,7 @@ import re
 from pathlib import Path
 
 from saffu import configs
-from saffu._io import SaffuError
+from saffu._io import SaffuError, read_settings
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -291,14 +291,8 @@ def spec_defaults(path: Path) -> dict:
     :func:`train_spec`, and ``eval`` for ``eval_tokens``): every value becomes its flag's
     default, so flags given on the command line override it. One error line for a file that is
     not a spec."""
-    import json
-    import tomllib
     path = Path(path)
-    try:
-        text = path.read_text()
-        spec = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
-    except (OSError, ValueError) as err:
-        raise SaffuError(f"--config {path} is not a readable run spec ({err})") from None
+    spec = read_settings(path, f"--config {path} is not a readable run spec")
     unknown = set(spec) - {"start", "model", "train", "options", "eval", "command"}
     if unknown:
         raise SaffuError(f"--config {path}: unknown sections {sorted(unknown)} (start, model, train, options, eval)")

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from saffu._io import SaffuError, atomic_write_json
+from saffu._io import SaffuError, atomic_write_json, read_settings
 from saffu.eval.race import compute_with_solve
 
 #: The sections of a run spec (:func:`saffu.flags.spec_defaults` reads them).
@@ -209,13 +209,7 @@ def gather(out: str | Path) -> list[dict]:
 def read_grid(path: str | Path) -> tuple[dict, dict]:
     """``(base, axes)`` of a grid file (TOML or JSON): ``base``, a spec, and ``axes``,
     ``{"section.setting": [values]}``; one error line for anything else."""
-    import tomllib
-    path = Path(path)
-    try:
-        text = path.read_text()
-        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
-    except (OSError, ValueError) as err:
-        raise SaffuError(f"{path} is not a readable grid ({err})") from None
+    data = read_settings(path, f"{path} is not a readable grid")
     unknown = set(data) - {"base", "axes"}
     if unknown or "base" not in data:
         raise SaffuError(f"{path}: a grid holds base (a run spec) and axes ({{section.setting: [values]}}), "
