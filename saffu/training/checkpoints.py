@@ -340,12 +340,9 @@ def load_params_at(run_dir: str | Path, config, step: int | None = None,
         raise SaffuError(f"a {config.kind} run is loaded whole (--checkpoint); --step and --words pick a trained "
                          f"model's checkpoints")
     if config.kind == "residual":       # the trained part is kept; the explicit tables come from its explicit run
-        from saffu.models.residual import with_explicit
-        params = model_init(config, jax.random.key(0))
-        template = {name: value for name, value in params.items() if name not in config.fixed_params}
+        params, template = _residual_parts(config)
         trained, label = _restore_at(run_dir, jax.eval_shape(lambda: template), step, milestones)
-        explicit = load_explicit(config.explicit_run, config.explicit, config.explicit_sha256)
-        return with_explicit({**params, **trained}, explicit), label
+        return _with_tables(config, {**params, **trained}), label
     template = with_config_inputs(jax.eval_shape(lambda: model_init(config, jax.random.key(0))), config)
     return _restore_at(run_dir, template, step, milestones)
 
@@ -380,20 +377,30 @@ def _training_steps(run_dir: Path) -> list[int]:
         manager.close()
 
 
+def _residual_parts(config) -> tuple[Params, Params]:
+    """A residual's step-0 parameters (without its explicit tables) and the part of them
+    training keeps (all but its ``fixed_params``)."""
+    params = model_init(config, jax.random.key(0))
+    return params, {name: value for name, value in params.items() if name not in config.fixed_params}
+
+
+def _with_tables(config, params: Params) -> Params:
+    """A residual's ``params`` with the explicit tables of its explicit run."""
+    from saffu.models.residual import with_explicit
+    return with_explicit(params, load_explicit(config.explicit_run, config.explicit, config.explicit_sha256))
+
+
 def load_params(run_dir: str | Path, config, which: str = "latest") -> tuple[Params, str]:
     """``which="latest"``: the last training checkpoint, else the explicit solution;
     ``which="explicit"``: the explicit solution. Returns the params and what was loaded.
     A residual model's explicit tables come from its ``explicit_run``; without a checkpoint
     (or with ``"explicit"``) it is its step-0 state, which is the explicit model."""
     if config.kind == "residual":
-        from saffu.models.residual import with_explicit
-        explicit = load_explicit(config.explicit_run, config.explicit, config.explicit_sha256)
-        params = model_init(config, jax.random.key(0))
-        trained = {name: value for name, value in params.items() if name not in config.fixed_params}
+        params, trained = _residual_parts(config)
         latest = load_latest_params(run_dir, trained) if which == "latest" else None
         if latest is None:
-            return with_explicit(params, explicit), "explicit (step 0)"
-        return with_explicit({**params, **latest[0]}, explicit), f"checkpoint step {latest[1]}"
+            return _with_tables(config, params), "explicit (step 0)"
+        return _with_tables(config, {**params, **latest[0]}), f"checkpoint step {latest[1]}"
     if which == "latest" and trainable(config):
         template = with_config_inputs(jax.eval_shape(lambda: model_init(config, jax.random.key(0))), config)
         latest = load_latest_params(run_dir, template)
