@@ -656,6 +656,10 @@ def mm_shape(f: dict) -> str:
     return f"{rows:,} × {width}] @ [{width} × {vocab:,}"
 
 
+#: How a multiplier of each kind (saffu.eval.race) is printed before its value.
+BOUND = {"measured": "", "lower_bound": "≥ ", "upper_bound": "≤ "}
+
+
 def tuning(record: dict) -> str:
     f = record["figures"]
     value = lambda v: "–" if v is None else f"{v:g}"
@@ -696,9 +700,8 @@ Longer budgets (whole dev split), the chosen weight decay and dropout: {best}.
 |---:|---:|---:|---:|---:|---:|---:|
 {rows}
 """)
-    kinds = {"measured": "", "lower_bound": "≥ ", "upper_bound": "≤ "}
     race_rows = "\n".join(
-        f"| {start} | {r['epochs']:g} | {r['dev_bpb']:.4f} | {r['compute']:.3e} | {kinds[r['multiplier_kind']]}"
+        f"| {start} | {r['epochs']:g} | {r['dev_bpb']:.4f} | {r['compute']:.3e} | {BOUND[r['multiplier_kind']]}"
         f"{r['multiplier']:.2f}× ({r['multiplier_kind'].replace('_', ' ')}) | {r['cold']} | {r['gap_nats']:.3f} | "
         f"{'–' if r['cold_gap_nats'] is None else format(r['cold_gap_nats'], '.3f')} |"
         for start, rows in f.get("race", {}).items() for r in rows)
@@ -770,11 +773,10 @@ def _race_rows() -> list[str]:
             key = (r["cold"], r["epochs"])
             if key not in best or r["dev_bpb"] < best[key][1]["dev_bpb"]:
                 best[key] = (start, r)
-    bound = {"measured": "", "lower_bound": "≥ ", "upper_bound": "≤ "}
     flags = tuning["figures"].get("flags", {})
     return [f"| saffu's transformer (`{' '.join(flags.get(cold, []))}`), width 128, {epochs:g} epoch"
             f"{'s' if epochs != 1 else ''}, tuned | {start} against {cold} | {r['dev_bpb']:.4f} | compute multiplier "
-            f"{bound[r['multiplier_kind']]}{r['multiplier']:.2f}× ({r['multiplier_kind'].replace('_', ' ')}) | "
+            f"{BOUND[r['multiplier_kind']]}{r['multiplier']:.2f}× ({r['multiplier_kind'].replace('_', ' ')}) | "
             f"{tuning['date']} | [tuning](docs/results/tuning.md) |"
             for (cold, epochs), (start, r) in sorted(best.items(), key=lambda item: (item[0][0] != "llama-cold-nobias",
                                                                                       item[0]))]
@@ -931,11 +933,10 @@ def tuning_block() -> str:
                 budgets.append(f"{epochs} epoch{'s' if epochs != '1' else ''}: {run['dev_bpb']:.4f} bits/byte at rate "
                                f"{run['learning_rate']:g}")
         lines.append(grid + ("; whole dev, " + ", ".join(budgets) if budgets else ""))
-    bound = {"measured": "", "lower_bound": "≥ ", "upper_bound": "≤ "}
     for start, rows in record["figures"].get("race", {}).items():
         lines.append(f"* {start} against the {rows[0]['cold']} curve: " + ", ".join(
             f"{r['epochs']:g} epoch{'s' if r['epochs'] != 1 else ''} {r['dev_bpb']:.4f} bits/byte, compute multiplier "
-            f"{bound[r['multiplier_kind']]}{r['multiplier']:.2f}× ({r['multiplier_kind'].replace('_', ' ')})"
+            f"{BOUND[r['multiplier_kind']]}{r['multiplier']:.2f}× ({r['multiplier_kind'].replace('_', ' ')})"
             for r in rows))
     return "\n".join(lines) + f" ({record['date']}, [tuning](docs/results/tuning.md))\n"
 

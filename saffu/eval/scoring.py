@@ -82,12 +82,12 @@ def document_nll(params: Params, config, documents: list[list[int]], batch_size:
     document has in a split (:func:`saffu.data.windows.document_ranges`). Summed over a split's
     documents (each with its closing ``<eod>``) it is the split's NLL; an empty document scores 0."""
     loss = lambda windows, mask, *positions: _window_loss(params, config, windows, mask, None, *positions)
-    out = np.zeros(len(documents))
+    positioned, out = positional(config), np.zeros(len(documents))
     for number, ids in enumerate(documents):
         if len(ids):
             stream = np.asarray([EOD_ID, *ids], np.int32)
             out[number] = total_nll(loss, stream, [(1, len(stream))], config.context, config.eval_seq_len,
-                                    batch_size, tight=False, positioned=positional(config))[0]
+                                    batch_size, tight=False, positioned=positioned)[0]
     return out
 
 
