@@ -20,6 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS, PAGES = ROOT / "results", ROOT / "docs" / "results"
 README = ROOT / "README.md"
+#: Hand-written readings of the pages (``docs/readings/<name>.md``): what the tables say, in words.
+READINGS = ROOT / "docs" / "readings"
 
 
 def provenance(record: dict) -> str:
@@ -74,8 +76,6 @@ def _other_names(rows: list[dict]) -> str:
 
 def budgets(record: dict) -> str:
     f = record["figures"]
-    probed = _at_probed_rates(f["rows"])
-    ours = _ours(probed)
     others = sorted({r["start"] for r in _others(f["rows"])})
     other_note = ("" if not others else
                   f" Rows {' / '.join(f'`{start}`' for start in others)}: {_other_names(f['rows'])} of\n"
@@ -99,8 +99,7 @@ windows: that evaluation's loss on 128 evenly spaced dev windows — the train�
 difference.{other_note}
 
 {f['table']}
-{_probes(f.get('probes', {}))}{_budget_reading(ours)}{_seed_reading(ours)}{_other_architecture(probed)}\
-{_best_model(probed)}{_crossfit_gaps(ours)}
+{_probes(f.get('probes', {}))}
 ![dev loss against compute]({Path(f['plot']).name})
 """
 
@@ -126,230 +125,6 @@ def _at_probed_rates(rows: list[dict]) -> list[dict]:
     """The sweep's rows at their start's probed learning rate: a run at another rate is listed in
     the table, never a start's figure (rows written before the flag were all at their probe's)."""
     return [r for r in rows if r.get("at_probed_rate", True)]
-
-
-#: The compute multiplier the issue asks of the best explicit start at every budget.
-MULTIPLIER_BAR = 2.0
-
-
-def _budget_reading(rows: list[dict]) -> str:
-    """Per vocabulary and width (seed 0): the multiplier of the best explicit start (the lowest
-    dev loss) at each budget, where it falls below :data:`MULTIPLIER_BAR` (or only its lower bound does), and the cold and
-    explicit-init train–dev gaps per budget (the evidence of why)."""
-    lines = []
-    groups = sorted({(r["vocab_size"], r["width"]) for r in rows})
-    for vocab, width in groups:
-        mine = [r for r in rows if (r["vocab_size"], r["width"], r["seed"]) == (vocab, width, 0)]
-        budgets, parts, short, unknown = sorted({r["epochs"] for r in mine}), [], [], []
-        for epochs in budgets:
-            explicit = [r for r in mine if r["epochs"] == epochs and "multiplier" in r]
-            if not explicit:
-                continue
-            best = min(explicit, key=lambda r: r["dev_bpb"])      # the best model of the budget
-            budget = _epochs(epochs)
-            parts.append(f"{budget} {best['multiplier_text']} ({best['start']})")
-            if best["multiplier"] < MULTIPLIER_BAR:
-                (unknown if best["multiplier_is"] == "beyond" else short).append(budget)
-        if not parts:
-            continue
-        line = f"* V {vocab:,}, width {width}: the multiplier of the best explicit start (lowest dev loss) is {', '.join(parts)}."
-        if short:
-            line += f" Below {MULTIPLIER_BAR:g}× at {', '.join(short)}."
-        cold = sorted((r for r in mine if r["start"] == "cold"), key=lambda r: r["epochs"])
-        best_cold = min(cold, key=lambda r: r["dev_bpb"]) if cold else None
-        worse = [r for r in cold if r["epochs"] > best_cold["epochs"]] if cold else []
-        if unknown:
-            line += (f" Not known yet at {', '.join(unknown)}: only a lower bound under {MULTIPLIER_BAR:g}×, as no "
-                     "cold run of the sweep reaches that loss"
-                     + (" (and a longer cold run at the same learning rate would not tell, as the next sentence says)." if worse
-                        else " (a longer cold run would tell)."))
-        if worse:
-            rose = worse[-1]["train_loss"] > best_cold["train_loss"]
-            line += (f" Cold is best at {_epochs(best_cold['epochs'])} ({best_cold['dev_bpb']:.4f}) and worse with "
-                     "more compute at its learning rate (" + ", ".join(f"{_epochs(r['epochs'])} {r['dev_bpb']:.4f}"
-                                                             for r in worse) + "), "
-                     + (f"its training loss too ({best_cold['train_loss']:.3f} → {worse[-1]['train_loss']:.3f}), so "
-                        "it is the optimisation, not overfitting: the probe's rate (chosen at one epoch and width 128) "
-                        "suits long cold runs badly" if rose else
-                        f"while its training loss fell ({best_cold['train_loss']:.3f} → "
-                        f"{worse[-1]['train_loss']:.3f}): it fits the training data better and generalises worse at "
-                        "the probe's rate (chosen at one epoch and width 128)")
-                     + ", and beyond that budget the multiplier is against cold at that rate only.")
-        shares = sorted((r["epochs"], r["share_of_steps_to_cold"]) for r in mine
-                        if r["start"] == "explicit-init" and r.get("share_of_steps_to_cold") is not None)
-        if shares:
-            line += (" Explicit init reaches cold's final loss of the same budget in "
-                     + " / ".join(f"{share:.1%}" for _, share in shares) + " of its steps at "
-                     + " / ".join(str(epochs) for epochs, _ in shares[:-1])
-                     + (" / " if len(shares) > 1 else "") + _epochs(shares[-1][0]) + ".")
-        gaps = []
-        for start in ("cold", "explicit-init"):
-            runs = sorted((r for r in mine if r["start"] == start), key=lambda r: r["epochs"])
-            if len(runs) > 1:
-                gaps.append(f"{start} " + " / ".join(f"{r['last_dev_window_loss'] - r['train_loss']:.3f}" for r in runs)
-                            + f" nats at {' / '.join(str(r['epochs']) for r in runs)} epochs")
-        if gaps:
-            line += " Train–dev gap: " + "; ".join(gaps) + "."
-        lines.append(line)
-    return ("\nWhat the sweep says so far (seed 0):\n\n" + "\n".join(lines) + "\n") if lines else ""
-
-
-def _seed_reading(rows: list[dict]) -> str:
-    """One line per vocabulary, width and budget run with more than one seed: each start's dev
-    bits per byte per seed and their spread, each explicit start's lead over cold of the same
-    seed (the lead against the seed-to-seed noise) and its multiplier per seed."""
-    lines = []
-    for vocab, width, epochs in sorted({(r["vocab_size"], r["width"], r["epochs"]) for r in rows}):
-        mine = [r for r in rows if (r["vocab_size"], r["width"], r["epochs"]) == (vocab, width, epochs)]
-        seeds = sorted({r["seed"] for r in mine})
-        by_start = {start: {r["seed"]: r for r in mine if r["start"] == start}
-                    for start in dict.fromkeys(r["start"] for r in mine)}
-        repeated = {start: runs for start, runs in by_start.items() if len(runs) > 1}
-        if not repeated:
-            continue
-        parts = []
-        for start, runs in repeated.items():
-            bpb = [runs[s]["dev_bpb"] for s in sorted(runs)]
-            parts.append(f"{start} " + " / ".join(f"{b:.4f}" for b in bpb)
-                         + f" (spread {max(bpb) - min(bpb):.4f})")
-        line = (f"* V {vocab:,}, width {width}, {_epochs(epochs)}, seeds "
-                + " / ".join(str(s) for s in seeds) + ": " + ", ".join(parts) + ".")
-        cold = by_start.get("cold", {})
-        for start, runs in repeated.items():
-            paired = [s for s in sorted(runs) if s in cold]
-            if start == "cold" or len(paired) < 2:
-                continue
-            leads = [cold[s]["dev_bpb"] - runs[s]["dev_bpb"] for s in paired]
-            line += (f" {start}'s lead over cold of the same seed: " + " / ".join(f"{d:.4f}" for d in leads)
-                     + " bits/byte" + (", every seed ahead" if min(leads) > 0 else ", not every seed ahead"))
-            multipliers = [runs[s].get("multiplier_text") for s in paired]
-            if all(multipliers):
-                line += ("; its multiplier per seed " + " / ".join(multipliers)
-                         + " (against cold's curve with its seeds averaged)")
-            line += "."
-        lines.append(line)
-    return ("\nSeeds (a budget run again with another seed; the spread is the largest minus the smallest):\n\n"
-            + "\n".join(lines) + "\n") if lines else ""
-
-
-#: The issue's target for the best model of the sweep (whole-dev bits per byte).
-BEST_MODEL_TARGET = 1.72
-
-
-def _against(bpb: float, target: float) -> str:
-    """Where dev bits per byte ``bpb`` stands against a ``target``: "at or below" or "above"."""
-    return "at or below" if bpb <= target else "above"
-
-
-def _other_architecture(rows: list[dict]) -> str:
-    """Per budget of another architecture in the sweep: its random and explicit init's dev bits
-    per byte, the explicit start's lead, multiplier and share of steps to random's final loss."""
-    lines = []
-    others = _others(rows)
-    for vocab, width, epochs, seed in sorted({(r["vocab_size"], r["width"], r["epochs"], r["seed"]) for r in others}):
-        same = {r["start"]: r for r in others if (r["vocab_size"], r["width"], r["epochs"], r["seed"])
-                == (vocab, width, epochs, seed)}
-        for start, run in same.items():
-            cold = same.get(run["cold_start"])
-            if start == run["cold_start"]:
-                if not any(r["cold_start"] == start and r["start"] != start for r in same.values()):
-                    lines.append(f"* V {vocab:,}, width {width}, {_epochs(epochs)}, seed {seed}: {start} "
-                                 f"{run['dev_bpb']:.4f} (its explicit start not run yet).")
-                continue
-            share = run.get("share_of_steps_to_cold")
-            lines.append(f"* V {vocab:,}, width {width}, {_epochs(epochs)}, seed {seed}: "
-                         + (f"{cold['start']} {cold['dev_bpb']:.4f}, " if cold else "")
-                         + f"{start} {run['dev_bpb']:.4f}"
-                         + (f" (lead {cold['dev_bpb'] - run['dev_bpb']:.4f} bits/byte)" if cold else "")
-                         + (f"; compute multiplier {run['multiplier_text']}" if "multiplier_text" in run else "")
-                         + (f"; {share:.1%} of its steps to its random init's final loss" if share is not None else "")
-                         + ".")
-    return (f"\nAnother architecture in the sweep ({_other_names(rows)}, random against explicit init "
-            "at the rate the project's transformer uses; its rate was not probed):\n\n"
-            + "\n".join(lines) + "\n") if lines else ""
-
-
-def _best_model(rows: list[dict]) -> str:
-    """The sweep's best model against :data:`BEST_MODEL_TARGET` (and where that is another
-    architecture, the project transformer's best too); otherwise the best explicit start of
-    another architecture from ``results/any_model.json`` (same data, trainer and dev split), where
-    there is one."""
-    if not rows:
-        return ""
-    describe = lambda r: (f"{r['start']}, {_epochs(r['epochs'])}, width {r['width']}, V {r['vocab_size']:,}: "
-                          f"{r['dev_bpb']:.4f} bits/byte")
-    best = min(rows, key=lambda r: r["dev_bpb"])
-    line = (f"\nBest model of the sweep: {describe(best)}, "
-            + _against(best["dev_bpb"], BEST_MODEL_TARGET) + f" the target of {BEST_MODEL_TARGET:g}.")
-    ours = _ours(rows)
-    if best["architecture"] != "saffu":
-        if ours:
-            mine = min(ours, key=lambda r: r["dev_bpb"])
-            line += (f" That is {best['architecture_name']}; the project's transformer's best is {describe(mine)}, "
-                     + _against(mine["dev_bpb"], BEST_MODEL_TARGET) + " it.")
-        return line + "\n"
-    other = _load("any_model")
-    if other:
-        g = other["figures"]
-        name, bpb = min(((m, g[f"{m}_explicit_dev_bpb"]) for m in ("llama", "neox") if f"{m}_explicit_dev_bpb" in g),
-                        key=lambda item: item[1], default=(None, None))
-        if name is not None:
-            cold = [r for r in rows if (r["start"], r["width"], r["epochs"], r["seed"], r["vocab_size"])
-                    == ("cold", 128, 1, 0, HEADLINE_VOCAB)]
-            line += (f" For comparison, explicit init of penzai's {name} (same width, depth, data and trainer; "
-                     f"[any_model](any_model.md)) reached {bpb:.4f} in one epoch, from {g[name + '_random_dev_bpb']:.4f} "
-                     "at random init"
-                     + (f" (the sweep's transformer: {cold[0]['dev_bpb']:.4f} cold)" if cold else "")
-                     + (": the same start gains more in that architecture, the lever left for the target."
-                        if bpb < best["dev_bpb"] else "."))
-    return line + "\n"
-
-
-def _crossfit_gaps(rows: list[dict]) -> str:
-    """One line per budget and cross-fitted residual where the plain residual ran too: their
-    train–dev gaps and final bits per byte, with the cross-fitted residual's folds ``K``; then
-    the one-epoch reading against its target (:func:`_crossfit_target`)."""
-    budget = lambda r: (r["vocab_size"], r["width"], r["epochs"], r["seed"])
-    plain = {budget(r): r for r in rows if r["start"] == "residual"}
-    gap = lambda r: r["last_dev_window_loss"] - r["train_loss"]
-    lines = []
-    for crossed in sorted((r for r in rows if r["folds"] and budget(r) in plain), key=lambda r: (budget(r), r["folds"])):
-        base = plain[budget(crossed)]
-        closed = 1 - gap(crossed) / gap(base) if gap(base) > 0 else float("nan")
-        vocab, width, epochs, seed = budget(crossed)
-        lines.append(f"* V {vocab:,}, width {width}, {_epochs(epochs)}, seed {seed}, K = {crossed['folds']} folds: "
-                     f"train–dev gap {gap(base):.3f} nats (plain residual) against {gap(crossed):.3f} (cross-fitted), "
-                     f"{closed:.0%} of it closed; dev {base['dev_bpb']:.4f} against {crossed['dev_bpb']:.4f} bits/byte.")
-    return ("\nCross-fitting (the residual's explicit part never counted the batch it scores):\n\n"
-            + "\n".join(lines) + "\n" + _crossfit_target(rows)) if lines else ""
-
-
-#: The issue's target for the cross-fitted residual at one epoch of width 128 (whole-dev bits per byte).
-CROSSFIT_TARGET = 1.78
-
-
-def _crossfit_target(rows: list[dict]) -> str:
-    """The cross-fitted residual at one epoch of width 128 (``V`` :data:`HEADLINE_VOCAB`) against
-    :data:`CROSSFIT_TARGET`: its best number of folds, the others, and its best at any budget."""
-    setting = lambda r: r["folds"] and (r["vocab_size"], r["width"]) == (HEADLINE_VOCAB, 128)
-    runs = [r for r in rows if setting(r) and r["epochs"] == 1]
-    if not runs:
-        return ""
-    best = min(runs, key=lambda r: r["dev_bpb"])
-    line = (f"\nThe cross-fitted residual at 1 epoch, width 128, V {HEADLINE_VOCAB:,}: best with K = {best['folds']} "
-            f"folds, {best['dev_bpb']:.4f} bits/byte, "
-            + _against(best["dev_bpb"], CROSSFIT_TARGET) + f" the target of {CROSSFIT_TARGET:g}")
-    others = sorted((r for r in runs if r is not best), key=lambda r: (r["folds"], r["seed"]))
-    if others:
-        fewest = min(r["folds"] for r in runs)
-        line += ("; " + ", ".join(f"K = {r['folds']} {r['dev_bpb']:.4f}" for r in others)
-                 + (": more folds (more of the split in each fold's exact model) did not lower it"
-                    if best["folds"] == fewest else f": K = {best['folds']} did better than {fewest} folds"))
-    overall = min((r for r in rows if setting(r)), key=lambda r: r["dev_bpb"])
-    if overall["epochs"] != 1:
-        line += (f". Its best at any budget: {_epochs(overall['epochs'])}, K = {overall['folds']}, "
-                 f"{overall['dev_bpb']:.4f} bits/byte")
-    return line + ".\n"
 
 
 def any_model(record: dict) -> str:
@@ -825,12 +600,11 @@ def lasts_block() -> str:
     every_seed = [r for r in _ours(_at_probed_rates(budgets["figures"]["rows"] if budgets else [])) if r["width"] == 128
                   and r.get("vocab_size", HEADLINE_VOCAB) == HEADLINE_VOCAB]
     rows = [r for r in every_seed if r["seed"] == 0]
-    lines, bests = [], []
+    lines = []
     for epochs in sorted({r["epochs"] for r in rows}):
         cold = next((r for r in rows if r["start"] == "cold" and r["epochs"] == epochs), None)
         explicit = [r for r in rows if r["epochs"] == epochs and "multiplier" in r]
         best = min(explicit, key=lambda r: r["dev_bpb"]) if explicit else None
-        bests.append(best is not None and best["multiplier"] < MULTIPLIER_BAR)
         cold_bpb = f"{cold['dev_bpb']:.4f}" if cold else "not run yet"
         minutes = " / ".join(f"{(r['train_seconds'] + r['solve_seconds']) / 60:.0f}" if r else "–" for r in (cold, best))
         lines.append(f"| {epochs} | {cold_bpb} | "
@@ -847,13 +621,10 @@ def lasts_block() -> str:
                       + (f"cold {cold['dev_bpb']:.4f}, " if cold else "")
                       + f"{START_LABELS.get(r['start'], r['start'])} {r['dev_bpb']:.4f}"
                       + (f" (compute multiplier {r['multiplier_text']})" if "multiplier" in r else "") + ".")
-    # where the best explicit start's multiplier (or only its lower bound) is under the bar: the
-    # results page's reading of this width and vocabulary, which says at which budget and why
-    why = (_budget_reading(rows).split("\n\n", 1)[1].removeprefix("* ") if any(bests) else "")
     return ("| epochs | cold (bits/byte) | best explicit start (lowest dev loss) | its bits/byte | compute multiplier "
             "| minutes on one core, cold / explicit (solve included) |\n"
             "|---:|---:|---|---:|---|---|\n" + "\n".join(lines) + "\n"
-            + ("\n" + "\n".join(others) + "\n" if others else "") + ("\n" + why if why else ""))
+            + ("\n" + "\n".join(others) + "\n" if others else ""))
 
 
 def setup_block() -> str:
@@ -955,13 +726,20 @@ def render_readme(text: str) -> str:
     return BLOCK.sub(body, text)
 
 
+def reading(name: str) -> str:
+    """The hand-written reading of a page (``docs/readings/<name>.md``, no figures: the figure check
+    reads it as it reads every docs page), under its tables; empty where there is none."""
+    path = READINGS / f"{name}.md"
+    return f"\n## Reading\n\n{path.read_text().strip()}\n" if path.exists() else ""
+
+
 def pages() -> dict[Path, str]:
-    """Every page, rendered from the results files present."""
+    """Every page, rendered from the results files present, with its reading (:func:`reading`)."""
     out = {}
     for name, render in RENDERERS.items():
         path = RESULTS / f"{name}.json"
         if path.exists():
-            out[PAGES / f"{name}.md"] = render(json.loads(path.read_text()))
+            out[PAGES / f"{name}.md"] = render(json.loads(path.read_text())) + reading(name)
     return out
 
 
