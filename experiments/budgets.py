@@ -48,7 +48,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import statistics
 import sys
 from pathlib import Path
@@ -59,7 +58,7 @@ import any_model
 import warm_transformer as wt
 
 from results import RESULTS, write_result
-from saffu.eval.race import LOWER_BOUND, MEASURED, UPPER_BOUND, compute_with_solve, multiplier
+from saffu.eval.race import LOWER_BOUND, MEASURED, UPPER_BOUND, bound_text, compute_with_solve, multiplier, steps_to_reach
 
 #: The vocabulary of the work directory every run made before rows recorded their own
 #: (babylm-2023-4src, BPE 8,192).
@@ -147,6 +146,10 @@ def compute(run: dict) -> float:
     return compute_with_solve(last["flops"], last["seconds"], run["solve_seconds"])
 
 
+#: The sweep's name of each multiplier kind of :mod:`saffu.eval.race` (its rows keep these words).
+HOW = {MEASURED: "interpolated", LOWER_BOUND: "beyond", UPPER_BOUND: "before"}
+
+
 def cold_compute_to_reach(curve: list[tuple[float, float]], target: float) -> tuple[float, str]:
     """The compute at which a cold curve ``[(compute, bits per byte), …]`` reaches ``target``:
     linear interpolation of bits per byte in ``log(compute)`` between the first two budgets
@@ -155,29 +158,12 @@ def cold_compute_to_reach(curve: list[tuple[float, float]], target: float) -> tu
     a lower bound) or ``"before"`` (reached before the smallest budget: the smallest compute,
     an upper bound)."""
     found = multiplier(curve, target, 1.0)              # the cold compute, whatever the explicit run's
-    return found.cold_compute, {MEASURED: "interpolated", LOWER_BOUND: "beyond", UPPER_BOUND: "before"}[found.kind]
+    return found.cold_compute, HOW[found.kind]
 
 
 def multiplier_text(multiplier: float, how: str) -> str:
-    """A multiplier as the tables print it, two decimals: a lower bound (``"beyond"``) rounded
-    down and an upper bound (``"before"``) rounded up, so the printed bound still holds."""
-    if how == "beyond":
-        return f"≥ {math.floor(multiplier * 100) / 100:.2f}×"
-    if how == "before":
-        return f"≤ {math.ceil(multiplier * 100) / 100:.2f}×"
-    return f"{multiplier:.2f}×"
-
-
-def steps_to_reach(curve: list[tuple[int, float]], target: float) -> float | None:
-    """The first step at which a run's periodic dev loss ``[(step, loss), …]`` reaches ``target``,
-    linear between its evaluations (``None``: never)."""
-    points = sorted(curve)
-    if points and points[0][1] <= target:
-        return float(points[0][0])
-    for (s0, y0), (s1, y1) in zip(points, points[1:]):
-        if y1 <= target:                    # y0 > target (else the loop had stopped before)
-            return s0 + (y0 - target) / (y0 - y1) * (s1 - s0)
-    return None
+    """A multiplier as the tables print it (:func:`saffu.eval.race.bound_text` of its kind)."""
+    return bound_text(multiplier, {word: kind for kind, word in HOW.items()}[how])
 
 
 def share_of_steps_to_cold(row: dict, rows: list[dict]) -> float | None:

@@ -74,3 +74,22 @@ def test_compute_counts_the_solve_at_the_training_rate():
     assert compute_with_solve(1e12, 100.0, 25.0) == pytest.approx(1.25e12)
     with pytest.raises(SaffuError, match="training seconds"):
         compute_with_solve(1e12, 0.0, 1.0)
+
+
+def test_a_printed_bound_still_holds():
+    from saffu.eval.race import bound_text
+    assert bound_text(1.9964, LOWER_BOUND) == "≥ 1.99×"            # a lower bound rounds down
+    assert bound_text(1.0012, UPPER_BOUND) == "≤ 1.01×"            # an upper bound rounds up
+    assert bound_text(2.3461, MEASURED) == "2.35×"                 # a measured one to the nearest
+    with pytest.raises(SaffuError, match="kind"):
+        bound_text(2.0, "beyond")
+
+
+def test_steps_to_a_loss_are_read_off_the_periodic_curve():
+    from saffu.eval.race import steps_to_reach
+    curve = [(0, 9.0), (50, 5.0), (100, 4.5), (150, 4.0)]
+    assert steps_to_reach(curve, 4.75) == pytest.approx(75.0)      # halfway between the evaluations at 50 and 100
+    assert steps_to_reach(curve, 5.0) == pytest.approx(50.0)
+    assert steps_to_reach(list(reversed(curve)), 5.0) == pytest.approx(50.0)   # any order
+    assert steps_to_reach(curve, 9.5) == 0.0                        # already there at the start
+    assert steps_to_reach(curve, 3.9) is None                       # never

@@ -77,6 +77,31 @@ def multiplier(cold_curve: Sequence[tuple[float, float]], loss: float, compute: 
     return Multiplier(best[-1][0] / compute, LOWER_BOUND, best[-1][0])
 
 
+def bound_text(value: float, kind: str) -> str:
+    """A multiplier as tables print it, two decimals: ``"2.35×"`` when :data:`MEASURED`, a
+    :data:`LOWER_BOUND` rounded down (``"≥ 1.99×"``) and an :data:`UPPER_BOUND` rounded up
+    (``"≤ 1.01×"``), so a printed bound still holds."""
+    if kind == LOWER_BOUND:
+        return f"≥ {math.floor(value * 100) / 100:.2f}×"
+    if kind == UPPER_BOUND:
+        return f"≤ {math.ceil(value * 100) / 100:.2f}×"
+    if kind != MEASURED:
+        raise SaffuError(f"a multiplier's kind is {MEASURED!r}, {LOWER_BOUND!r} or {UPPER_BOUND!r}, not {kind!r}")
+    return f"{value:.2f}×"
+
+
+def steps_to_reach(curve: Sequence[tuple[float, float]], target: float) -> float | None:
+    """The first step at which a run's periodic dev loss ``[(step, loss), …]`` reaches ``target``,
+    linear between its evaluations; ``None`` when it never does."""
+    points = sorted(curve)
+    if points and points[0][1] <= target:
+        return float(points[0][0])
+    for (s0, y0), (s1, y1) in zip(points, points[1:]):
+        if y1 <= target:                    # y0 > target (else the loop had stopped before)
+            return s0 + (y0 - target) / (y0 - y1) * (s1 - s0)
+    return None
+
+
 def choose(grid: Mapping[str, Sequence[float]], probes: Sequence[tuple[Mapping[str, float], float]]) -> dict:
     """The best probe of a full grid search, refused where it sits at a grid edge.
 
