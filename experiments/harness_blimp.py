@@ -52,14 +52,15 @@ def score(name: str, run: Path, blimp: Path, tasks: Path, harness_only: bool = F
     from lm_eval.tasks import TaskManager
 
     from saffu.eval.blimp import evaluate_blimp
-    from saffu.interop.harness import SaffuLM
     tick = time.perf_counter()
-    model = SaffuLM(run, progress=False, batch_size=None)
+    model = harness_model(run)
     manager = TaskManager(include_path=str(tasks))
     harness = lm_eval.simple_evaluate(model=model, tasks=["saffu_blimp"], task_manager=manager, log_samples=False,
                                       verbosity="WARNING")["results"]["saffu_blimp"]["acc,none"]
-    row = {"name": name, "run": str(run), "weights": model.weights, "kind": model.config.kind,
-           "block": getattr(model.config, "block", None), "harness_saffu": harness}
+    kind = getattr(model.config, "kind", "external")
+    row = {"name": name, "run": str(run), "weights": model.weights, "kind": kind,
+           "block": getattr(model.config, "block", None) if kind != "external" else f"penzai {run_model(run)}",
+           "harness_saffu": harness}
     if harness_only:
         row["seconds"] = time.perf_counter() - tick
         print(f"{name}: harness {harness:.4f}", flush=True)
@@ -78,6 +79,39 @@ def score(name: str, run: Path, blimp: Path, tasks: Path, harness_only: bool = F
           + (f", harness on the export {row['harness_hf']:.4f}" if "harness_hf" in row else f" ({row['hf']})"),
           flush=True)
     return row
+
+
+def run_model(run: Path) -> str | None:
+    """The penzai model an any_model.py run folder trained (its ``result.json``'s ``model``), or None."""
+    path = run / "result.json"
+    return json.loads(path.read_text()).get("model") if path.exists() and not (run / "config.json").exists() else None
+
+
+def harness_model(run: Path):
+    """The harness model of a run folder: a saffu run's (:class:`saffu.interop.harness.SaffuLM`), or
+    an any_model.py run's: its penzai model rebuilt from its ``result.json``, with the parameters of
+    its latest training checkpoint (``RUN/train/checkpoints``; :meth:`SaffuLM.from_model`)."""
+    import jax
+
+    from saffu.interop.harness import SaffuLM
+    if (run / "config.json").exists():
+        return SaffuLM(run, progress=False, batch_size=None)
+    name = run_model(run)
+    if name is None:
+        raise SystemExit(f"{run} is neither a saffu run (config.json) nor an any_model.py run (result.json naming "
+                         "its model)")
+    import any_model
+
+    from saffu.data.workdir import open_workdir
+    from saffu.models.interface import model_init
+    from saffu.training.checkpoints import load_latest_params
+    workdir = open_workdir(json.loads((run / "result.json").read_text())["workdir"])
+    model = any_model.model_for(name, workdir.vocab_size)
+    found = load_latest_params(run / "train", model_init(model, jax.random.key(0)))
+    if found is None:
+        raise SystemExit(f"{run / 'train'} holds no training checkpoint")
+    params, step = found
+    return SaffuLM.from_model(model, params, workdir, weights=f"training step {step:,}", progress=False)
 
 
 def _hf(model, run: Path, manager, harness: float) -> dict:

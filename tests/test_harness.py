@@ -149,3 +149,34 @@ def test_registering_saffu_keeps_the_harness_own_models():
 
     import saffu.interop.harness  # noqa: F401
     assert get_model("saffu").__name__ == "SaffuLM" and get_model("dummy").__name__ == "DummyLM"
+
+
+def test_a_model_saffu_did_not_build_is_served_from_its_parameters(tiny_workdir):
+    """SaffuLM.from_model: a third-party model (its own init and logits; here a bigram table) and
+    its weights, scored after an ``<eod>`` as a run is, against a float64 numpy reference."""
+    import dataclasses
+
+    from saffu.interop.harness import SaffuLM
+
+    @dataclasses.dataclass(frozen=True)
+    class Bigram:
+        vocab_size: int
+        context = 1
+
+        def init(self, key):
+            return {"table": jax.random.normal(key, (self.vocab_size, self.vocab_size))}
+
+        def logits(self, params, tokens):
+            return params["table"][tokens]
+
+    model = Bigram(tiny_workdir.vocab_size)
+    params = model.init(jax.random.key(0))
+    lm = SaffuLM.from_model(model, params, tiny_workdir.path, weights="trained elsewhere", progress=False)
+    table = np.asarray(params["table"], np.float64)
+    log_probs = table - np.log(np.exp(table - table.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
+        - table.max(-1, keepdims=True)
+    for text in SENTENCES:
+        ids = lm.tok_encode(text)
+        (got, _), = lm._loglikelihood_tokens([(("", text), [EOD_ID], ids)])
+        assert got == pytest.approx(sum(log_probs[a, b] for a, b in zip([EOD_ID, *ids], ids)), rel=1e-5)
+    assert lm.weights == "trained elsewhere" and lm.run is None

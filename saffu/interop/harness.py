@@ -71,7 +71,26 @@ class SaffuLM(TemplateLM):
         self.config = check_inputs(self.run, self.workdir)
         self.params, self.weights = load_weights(self.run, self.config, checkpoint,
                                                  None if step in (None, "") else int(step), words)
-        self.tokenizer = self.workdir.tokenizer()
+        self._serve(self.workdir, batch_size, progress)
+
+    @classmethod
+    def from_model(cls, model, params, workdir, weights: str = "given", batch_size: int | str | None = None,
+                   progress: bool = True) -> SaffuLM:
+        """A model saffu's trainer trained but did not build (a third-party model given to
+        :func:`saffu.training.trainer.train`, e.g. after :func:`saffu.interop.explicit_init`) as a
+        harness model: ``model`` brings its own ``logits`` and ``context``, ``params`` are its
+        weights (a pytree), ``workdir`` the work directory (or its path) whose tokenizer it reads.
+        ``weights`` labels where they came from (``self.weights``, as a run's says which checkpoint)."""
+        from saffu.data.workdir import open_workdir
+        self = cls.__new__(cls)
+        TemplateLM.__init__(self)
+        self.run, self.config, self.params, self.weights = None, model, params, weights
+        self._serve(workdir if hasattr(workdir, "tokenizer") else open_workdir(workdir), batch_size, progress)
+        return self
+
+    def _serve(self, workdir, batch_size: int | str | None, progress: bool) -> None:
+        self.workdir = workdir
+        self.tokenizer = workdir.tokenizer()
         self.batch_size = None if batch_size in (None, "auto") else int(batch_size)
         self.progress = progress
 
