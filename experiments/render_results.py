@@ -536,6 +536,11 @@ START_LABELS = {**HEADLINE_STARTS, "residual": "explicit residual",
                 "explicit-init-rms1": "explicit init, embeddings at RMS 1"}
 
 
+def _width(flags: list[str]) -> int:
+    """The width a start's ``saffu train`` flags give (``--width``; the default 128)."""
+    return int(flags[flags.index("--width") + 1]) if "--width" in flags else 128
+
+
 def _race_rows() -> list[str]:
     """The tuned race's rows (``results/tuning.json``): per architecture's cold curve and budget,
     the explicit start with the lowest dev figure and its multiplier, measured or a bound."""
@@ -549,7 +554,8 @@ def _race_rows() -> list[str]:
             if key not in best or r["dev_bpb"] < best[key][1]["dev_bpb"]:
                 best[key] = (start, r)
     flags = tuning["figures"].get("flags", {})
-    return [f"| saffu's transformer (`{' '.join(flags.get(cold, []))}`), width 128, {epochs:g} epoch"
+    return [f"| saffu's transformer (`{' '.join(flags.get(cold, []))}`), width {_width(flags.get(cold, []))}, "
+            f"{epochs:g} epoch"
             f"{'s' if epochs != 1 else ''}, tuned | {start} against {cold} | {r['dev_bpb']:.4f} | compute multiplier "
             f"{BOUND[r['multiplier_kind']]}{r['multiplier']:.2f}× ({r['multiplier_kind'].replace('_', ' ')}) | "
             f"{tuning['date']} | [tuning](docs/results/tuning.md) |"

@@ -55,12 +55,16 @@ STARTS = {"cold": ("random", GPT), "explicit-init": ("explicit", GPT),
           "llama-explicit-nobias-rms1": ("explicit", [*LLAMA, "--no-output-bias", "--explicit-embedding-rms", "1"]),
           # the output kernel at penzai's Llama-like random scale, √(2 / (d + V)) at d 128, V 8,192
           "llama-explicit-nobias-rms1-out": ("explicit", [*LLAMA, "--no-output-bias", "--explicit-embedding-rms", "1",
-                                                          "--explicit-output-rms", "0.0155"])}
+                                                          "--explicit-output-rms", "0.0155"]),
+          # the scaling trend: the llama block at width 64, at the width-128 grid's values
+          "llama-cold-nobias-w64": ("random", [*LLAMA, "--no-output-bias", "--width", "64"]),
+          "llama-explicit-nobias-w64": ("explicit", [*LLAMA, "--no-output-bias", "--width", "64"])}
 #: The starts the quarter-epoch grid tunes; the others run at those values (the architecture comparison).
 GRID_STARTS = ("cold", "explicit-init")
 #: Each architecture's cold start, which its explicit starts race against.
 COLD_OF = {"explicit-init": "cold", "llama-explicit-nobias": "llama-cold-nobias",
-           "llama-explicit-nobias-rms1": "llama-cold-nobias", "llama-explicit-nobias-rms1-out": "llama-cold-nobias"}
+           "llama-explicit-nobias-rms1": "llama-cold-nobias", "llama-explicit-nobias-rms1-out": "llama-cold-nobias",
+           "llama-explicit-nobias-w64": "llama-cold-nobias-w64"}
 #: The quarter-epoch grid.
 GRID = {"learning_rate": [1e-3, 3e-3, 1e-2, 3e-2], "weight_decay": [0.0, 0.1], "dropout": [0.0, 0.1]}
 #: The llama block's grid, the same for its cold and explicit starts: the weight decay starts at 0 and
