@@ -127,7 +127,7 @@ def run_one(variant: str, seed: int, fraction: float, args, source, learning_rat
     from saffu.configs import TrainConfig
     from saffu.eval.scoring import evaluate_split
     from saffu.models.interface import parameter_count
-    from saffu.training.checkpoints import load_run_config
+    from saffu.training.checkpoints import load_run_config, save_run_config
     from saffu.training.recipes import explicit_transformer_start, residual_start, solve_folds
     from saffu.training.trainer import steps_per_epoch, train
 
@@ -167,6 +167,8 @@ def run_one(variant: str, seed: int, fraction: float, args, source, learning_rat
     # a budget of several epochs is its own run with its own cosine schedule over all its steps
     train_config = dataclasses.replace(train_config, steps=epochs * steps_per_epoch(
         len(workdir.tokens(workdir.train_split)) - 1, train_config))
+    # RUN/train is a saffu run folder: saffu eval, blimp, export and the harness read it
+    save_run_config(run / "train", config, workdir)
     trained, _ = train(config, params, workdir.tokens(workdir.train_split), train_config, run / "train",
                        dev_stream=workdir.tokens("dev"), progress=False)
     # every evaluation of the run, also those before a resume (the trainer returns only this call's)
