@@ -22,6 +22,8 @@ RESULTS, PAGES = ROOT / "results", ROOT / "docs" / "results"
 README = ROOT / "README.md"
 #: Hand-written readings of the pages (``docs/readings/<name>.md``): what the tables say, in words.
 READINGS = ROOT / "docs" / "readings"
+#: The pages' text around their tables (``experiments/pages/<name>.md``, ``str.format`` templates).
+TEMPLATES = Path(__file__).resolve().parent / "pages"
 
 
 def provenance(record: dict) -> str:
@@ -37,25 +39,22 @@ def provenance(record: dict) -> str:
             f"Load: {load}")
 
 
+def _page(name: str, record: dict, **values) -> str:
+    """``experiments/pages/<name>.md`` filled in (``str.format``) with the record's figures ``f``,
+    its :func:`provenance` and ``values`` (the tables and what the page computes)."""
+    return (TEMPLATES / f"{name}.md").read_text().format(f=record["figures"], provenance=provenance(record), **values)
+
+
+def _yes(value) -> str:
+    return "yes" if value else "NO"
+
+
 def soak(record: dict) -> str:
     f = record["figures"]
-    return f"""# Soak: resident memory and metrics over a long run and many resumes
-
-Generated from [`results/soak.json`](../../results/soak.json) by `experiments/render_results.py`.
-
-{provenance(record)}
-
-Model: {f['model']}; corpus: {f['corpus']} ({f['train_tokens']:,} training tokens).
-
-| run | length | resident memory (MB): first / last / max | growth over the second half | consistent |
-|---|---|---|---|---|
-| one run | {f['long_epochs']} epochs, {f['long_steps']:,} steps, {f['long_evaluations']} evaluations ({f['long_seconds']:.0f} s) | {f['long_rss_first_mb']:.0f} / {f['long_rss_last_mb']:.0f} / {f['long_rss_max_mb']:.0f} | {f['long_rss_second_half_growth_mb']:+.1f} MB ({f['long_rss_second_half_slope_mb_per_eval']:+.2f} MB per evaluation) | metrics file: {'yes' if f['long_metrics_consistent'] else 'NO'} |
-| stopped after each checkpoint, resumed in the same process | {f['resumes']} resumes of {f['resume_steps'] // f['resumes']} steps | {f['resume_rss_first_mb']:.0f} / {f['resume_rss_last_mb']:.0f} / {f['resume_rss_max_mb']:.0f} | {f['resume_rss_second_half_growth_mb']:+.1f} MB ({f['resume_rss_second_half_slope_mb_per_resume']:+.2f} MB per resume) | metrics file: {'yes' if f['resumed_metrics_consistent'] else 'NO'}; final parameters equal to an uninterrupted run's: {'yes' if f['resumed_equals_uninterrupted'] else 'NO'} |
-
-The first half of each run holds the compilations and first allocations; the growth over the
-second half is what a longer run would keep adding. An in-process resume compiles its training
-step again (each call builds its own jitted step), which is what the per-resume growth measures.
-"""
+    return _page("soak", record, long_consistent=_yes(f["long_metrics_consistent"]),
+                 steps_per_resume=f["resume_steps"] // f["resumes"],
+                 resumed_consistent=_yes(f["resumed_metrics_consistent"]),
+                 resumed_equal=_yes(f["resumed_equals_uninterrupted"]))
 
 
 def _ours(rows: list[dict]) -> list[dict]:
@@ -81,27 +80,8 @@ def budgets(record: dict) -> str:
                   f" Rows {' / '.join(f'`{start}`' for start in others)}: {_other_names(f['rows'])} of\n"
                   "[any_model](any_model.md) (same width, depth, data and trainer), each explicit start's\n"
                   "multiplier against its own architecture's random init's curve.")
-    return f"""# Budget sweep: does the explicit start last?
-
-Generated from [`results/budgets.json`](../../results/budgets.json) by `experiments/render_results.py`.
-
-{provenance(record)}
-
-Transformer (5 layers) on babylm-2023-4src (BPE vocabulary `V` as the first column says: 8,192,
-or the corpus's largest, 30,433), each budget its own run with its own warm-up and cosine
-schedule; whole-dev bits per byte. Compute = training FLOPs + the solve's
-seconds at the run's own FLOPs per second. Multiplier = the compute a cold start of the same
-width and vocabulary needs to reach the run's dev loss (interpolated in log compute over the cold runs) over
-the run's compute; `≥`: cold never got there within the sweep (cold's largest compute over the
-run's), `≤`: the run is worse than cold's smallest budget. Train loss: the mean over the steps
-since the run's last periodic evaluation (a cross-fitted residual's on its folds' tables); dev
-windows: that evaluation's loss on 128 evenly spaced dev windows — the train–dev gap is their
-difference.{other_note}
-
-{f['table']}
-{_probes(f.get('probes', {}))}
-![dev loss against compute]({Path(f['plot']).name})
-"""
+    probes, plot = _probes(f.get("probes", {})), Path(f["plot"]).name
+    return _page("budgets", record, other_note=other_note, plot=plot, probes=probes)
 
 
 def _probes(probes: dict) -> str:
@@ -128,36 +108,7 @@ def _at_probed_rates(rows: list[dict]) -> list[dict]:
 
 
 def any_model(record: dict) -> str:
-    f = record["figures"]
-    return f"""# Explicit init of models nobody here wrote
-
-Generated from [`results/any_model.json`](../../results/any_model.json) by `experiments/render_results.py`.
-
-{provenance(record)}
-
-penzai's Llama-like transformer (`llama`: RMSNorm, RoPE, SwiGLU, untied) and GPT-NeoX (`neox`:
-LayerNorm, parallel attention and MLP, partial RoPE, untied), width 128, 5 blocks, 4 heads, on
-babylm-2023-4src (BPE 8,192), built by penzai and initialised through `saffu.interop.explicit_init`
-only; neither has an output bias. Both inits train with the project's trainer (same windows and
-data order, AdamW at lr 0.01 on warm-up + cosine); explicit init sets the embeddings (at RMS 1.0)
-and the output kernel (at its random RMS) from the explicit pieces of rank 128. One epoch,
-scored on the whole dev split; steps to random's final loss are read on the periodic dev windows.
-
-{f['table']}
-
-## 30 steps: the variants
-
-The same trainer for 30 steps (lr 0.01, warm-up 15 steps), scored on 20,000 dev tokens of whole
-documents. `llama-tied`: penzai's Llama-like with one matrix for the embeddings and the output
-(penzai scales it by √d on the way in): `explicit` sets it to the mean of `E₀` and `Bᵀ` at equal
-RMS (`tied_matrix(..., "mean")`) at the random matrix's own RMS, `explicit-tied-embedding` to
-`E₀`, `explicit-tied-output` to `Bᵀ`, `explicit-rms1` the mean at RMS 1.0 (which makes the
-step-0 logits huge). `saffu-nobias`: saffu's own transformer without an output bias (the layout
-`saffu export` writes) through the same public API: `explicit` with the embeddings at RMS 1.0,
-`explicit-rms0` at the random embeddings' own RMS.
-
-{f['short_table']}
-"""
+    return _page("any_model", record)
 
 
 def _duration(seconds: float) -> str:
@@ -169,68 +120,24 @@ def setup(record: dict) -> str:
     demo = f.get("demo_metrics") or {}
     metrics = "\n".join(f"| `{key}` | {value:.4f} |" if isinstance(value, float) else f"| `{key}` | {value} |"
                          for key, value in sorted(demo.items()))
-    return f"""# Set-up: the README's two commands on a fresh clone
-
-Generated from [`results/setup.json`](../../results/setup.json) by `experiments/render_results.py`.
-
-{provenance(record)}
-
-`experiments/setup_times.py` clones revision {f['revision']} beside the checkout (so `../shared`
-resolves as it does for the checkout), then runs `make demo` and `make test` there, one after
-the other. The clone has no `.venv`: the time of `make demo` includes creating it and installing
-saffu, that of `make test` installing the test extras.
-
-| command | wall time | passed | summary |
-|---|---:|---|---|
-| `make demo` | {_duration(f['demo_seconds'])} | {'yes' if f['demo_ok'] else 'NO'} | |
-| `make test` | {_duration(f['test_seconds'])} | {'yes' if f['test_ok'] else 'NO'} | {f['test_summary']} |
-""" + (f"""
-What `make demo` wrote to `runs/demo/metrics.json`:
-
-| figure | value |
-|---|---:|
-{metrics}
-""" if metrics else "")
+    metrics = (f"\nWhat `make demo` wrote to `runs/demo/metrics.json`:\n\n| figure | value |\n|---|---:|\n{metrics}\n"
+               if metrics else "")
+    return _page("setup", record, demo_time=_duration(f["demo_seconds"]), demo_ok=_yes(f["demo_ok"]),
+                 test_time=_duration(f["test_seconds"]), test_ok=_yes(f["test_ok"]), metrics=metrics).rstrip("\n") + "\n"
 
 
 def bench_bf16(record: dict) -> str:
     f = record["figures"]
     mm, tr = f["matmul"]["seconds"], f["training"]
-    model = tr["model"]
     rows = "\n".join(f"| {name.replace('_', ' ')} | {tr['seconds_per_step'][name] * 1e3:.0f} ms | "
                      f"{tr['tokens_per_s'][name]:,.0f} | {tr['seconds_per_step'][name] / tr['seconds_per_step']['float32']:.2f} | "
                      f"{tr['mean_loss_last_round'][name]:.4f} |"
                      for name in sorted(tr["seconds_per_step"], key=lambda n: n != "float32"))
-    units = ", ".join(f["cpu_bf16_units"]) or "none"
-    return f"""# bfloat16 compute on this backend
-
-Generated from [`results/bench_bf16.json`](../../results/bench_bf16.json) by `experiments/render_results.py`.
-
-{provenance(record)}
-
-Backend: {f['backend']} ({f['device']}); the processor's bf16 dot-product features: {units}.
-
-The output layer's product `[{mm_shape(f)}]`, median of repeated calls:
-
-| product | time |
-|---|---:|
-| float32 | {mm['float32'] * 1e3:.1f} ms |
-| bf16 × bf16 → bf16 | {mm['bf16_to_bf16'] * 1e3:.1f} ms |
-| bf16 × bf16 → float32 | {mm['bf16_to_f32'] * 1e3:.1f} ms |
-
-XLA compiled the bf16 → bf16 product {'as a float32 product between conversions' if f['matmul']['bf16_to_bf16_converts_to_f32'] else 'without conversions to float32'}; the bf16 → float32
-product took {mm['bf16_to_f32'] / mm['float32']:.2f}× float32's time. A training step's products are bf16 → bf16 (its
-forward) and products with a float32 cotangent (its backward), neither of which this backend runs in bf16.
-
-Training steps of the transformer (V {model['vocab_size']:,}, width {model['width']}, {model['layers']} layers,
-{model['batch_size']} windows × {model['seq_len']} targets per step), alternating variant by variant after
-compilation (`--compute-dtype bfloat16`: the weights cast to bf16 for the forward and backward
-passes, float32 master weights and optimizer state):
-
-| variant | step | tokens/s | step time over float32's | mean loss, last round |
-|---|---:|---:|---:|---:|
-{rows}
-"""
+    compiled = ("as a float32 product between conversions" if f["matmul"]["bf16_to_bf16_converts_to_f32"]
+                else "without conversions to float32")
+    return _page("bench_bf16", record, units=", ".join(f["cpu_bf16_units"]) or "none", shape=mm_shape(f),
+                 ms={k: v * 1e3 for k, v in mm.items()}, compiled=compiled, ratio=mm["bf16_to_f32"] / mm["float32"],
+                 model=tr["model"], rows=rows)
 
 
 def harness_blimp(record: dict) -> str:
@@ -239,22 +146,7 @@ def harness_blimp(record: dict) -> str:
     hf = lambda r: percent(r, "harness_hf") if "harness_hf" in r or "saffu_blimp" not in r else "not exported (an output bias)"
     rows = "\n".join(f"| {r['name']} | {r['block']} | {r['weights']} | {percent(r, 'saffu_blimp')} | "
                      f"{percent(r, 'harness_saffu')} | {hf(r)} | {r.get('date', record['date'])} |" for r in f["rows"])
-    return f"""# BLiMP through lm-evaluation-harness
-
-Generated from [`results/harness_blimp.json`](../../results/harness_blimp.json) by `experiments/render_results.py`.
-
-{provenance(record)}
-
-BLiMP accuracy on the {f['paradigms']} shared paradigms three ways: `saffu blimp`; lm-evaluation-harness with the
-`saffu` model (`saffu.interop.harness`, the task group `saffu_blimp` of `--blimp`); and, for a run that
-exports, the harness's own Hugging Face model (`--model hf`) on `saffu export`'s checkpoint. A row
-with one figure was scored by the harness's `saffu` model alone (`--harness-only`); each row's
-command is in the results file.
-
-| run | block | weights | saffu blimp | harness, `saffu` | harness, `hf` on the export | date |
-|---|---|---|---:|---:|---:|---|
-{rows}
-"""
+    return _page("harness_blimp", record, rows=rows)
 
 
 def hf_explicit_init(record: dict) -> str:
@@ -262,23 +154,7 @@ def hf_explicit_init(record: dict) -> str:
     explicit, random = f["curves"]["explicit"], f["curves"]["random"]
     rows = "\n".join(f"| {e['step']:,} | {e['dev_bpb']:.4f} | {r['dev_bpb']:.4f} | {r['dev_bpb'] - e['dev_bpb']:+.4f} |"
                      for e, r in zip(explicit, random))
-    return f"""# Explicit init outside JAX: a Hugging Face {f['arch']} trained in PyTorch
-
-Generated from [`results/hf_explicit_init.json`](../../results/hf_explicit_init.json) by `experiments/render_results.py`.
-
-{provenance(record)}
-
-`saffu init-weights --hf-config {f['arch']}` wrote a checkpoint with the explicit embeddings and output kernel
-(the rest random) and, with `--random`, the same checkpoint with every weight random (the same draw for the
-rest). Each was loaded with `transformers.AutoModelForCausalLM` and trained with `torch.optim.AdamW` on the
-same batches: width {f['width']}, {f['layers']} layers, {f['heads']} heads, {f['batch_size']} windows × {f['seq_len']}
-tokens a step, {f['steps']:,} steps, rate {f['learning_rate']:g} (warm-up, cosine), {f['corpus']}; dev bits per
-byte on about {f['eval_tokens']:,} tokens of whole dev documents (torch {f['torch']}, transformers {f['transformers']}).
-
-| step | explicit init | random init | random − explicit |
-|---:|---:|---:|---:|
-{rows}
-"""
+    return _page("hf_explicit_init", record, rows=rows)
 
 
 def bench_train(record: dict) -> str:
@@ -296,41 +172,11 @@ def bench_train(record: dict) -> str:
     profile = "\n".join(f"| {p['ms_per_step']:.1f} ms | {p['share']:.1%} | {p.get('ops', 1)} | {p['kind']} | `{p['shape']}` | "
                          f"`{p['what']}` |" for p in f["profile"])
     ratio = lambda key: f"{f[key]:.2f}×" if f.get(key) else "not measured"
-    return f"""# Training speed: saffu against its earlier revision and a PyTorch peer
-
-Generated from [`results/bench_train.json`](../../results/bench_train.json) by `experiments/render_results.py`.
-
-{provenance(record)}
-
-The transformer (V {m['vocab_size']:,}, width {m['width']}, {m['layers']} layers, {m['heads']} heads, {m['context']} context
-+ {m['seq_len']} targets per window, {m['batch_size']} windows a step: {f['tokens_per_step']:,} trained tokens;
-AdamW, float32), the same init and the same batches ({f['data']}) for every variant, each in a
-process of its own pinned with `taskset`, one process at a time, {f['steps']['rounds']} alternating rounds of
-{f['steps']['timed']} timed steps after {f['steps']['warm']} untimed ones (the median round is kept). GFLOP/s are XLA's
-count of one step of {f.get('xla_flops_from', 'saffu')} ({f['xla_flops_per_step'] / 1e9:.1f} GFLOP) over each variant's step time, so
-they compare as the step times do (XLA counts a loop's body once, and the faster step runs its
-output layer and attention in loops: its own count is lower than the work it does). The losses are the mean training loss of every step and the loss of the final
-parameters on the first batch: equal losses say the variants computed the same thing.
-
-| variant | cores | step (each round) | tokens/s | tokens/s per core | GFLOP/s | mean training loss | final loss | page faults per step |
-|---|---:|---:|---:|---:|---:|---:|---:|---:|
-{rows}
-
-* saffu per core against the revision before: {ratio('speedup_vs_before')}
-* saffu per core against the PyTorch peer's best on one core: {ratio('speedup_vs_torch')}
-* saffu on both cores against one core (the best of one process, `--devices 2` and two processes: {f.get('best_two_core_variant')}): {ratio('speedup_two_cores')}
-* the largest difference of a final loss from saffu's: {f['max_final_loss_difference']:.2g}
-
-{'No accelerator row: no GPU was available to this run (JAX backend cpu).' if f.get('backend', 'cpu') == 'cpu' else 'JAX backend: ' + f['backend'] + '.'}
-
-saffu's step on one core, the ops that take longest (from a `jax.profiler` trace joined with the
-compiled HLO; the same operation at every layer, or every chunk of a loop, is one row: its ops
-added up; shares of the time spent in ops):
-
-| time per step | share | ops | kind | result shape | JAX operation |
-|---:|---:|---:|---|---|---|
-{profile}
-"""
+    xla_from, gflop, best_two = f.get("xla_flops_from", "saffu"), f["xla_flops_per_step"] / 1e9, f.get("best_two_core_variant")
+    before, torch, two = ratio("speedup_vs_before"), ratio("speedup_vs_torch"), ratio("speedup_two_cores")
+    backend = ("No accelerator row: no GPU was available to this run (JAX backend cpu)." if f.get("backend", "cpu") == "cpu"
+               else f"JAX backend: {f['backend']}.")
+    return _page("bench_train", record, backend=backend, before=before, best_two=best_two, gflop=gflop, m=m, profile=profile, rows=rows, torch=torch, two=two, xla_from=xla_from)
 
 
 def bench_stats(record: dict) -> str:
@@ -341,28 +187,7 @@ def bench_stats(record: dict) -> str:
         seconds = f["engine_stream_order_seconds"]
         stream_order = (f"| saffu engine, one device, stream order (target order: ×{f['target_order_gain']:.2f} "
                         f"as fast, median of per-repeat ratios) | {seconds:.3f} | {f['tokens'] / seconds:,.0f} | |\n")
-    return f"""# Statistics engine against numpy and scipy
-
-Generated from [`results/bench_stats.json`](../../results/bench_stats.json) by `experiments/render_results.py`.
-
-{provenance(record)}
-
-Offset co-occurrence counts `F_δ` (radius {f['radius']}, {f['bits']}-bit sparse cipher) over the training
-split ({f['tokens']:,} targets, `V` {f['vocab_size']:,}) three ways in one run, median of {f['repeats']} repeats:
-
-| method | seconds | tokens/s | engine's speed-up |
-|---|---:|---:|---:|
-| saffu engine, one device | {f['engine_seconds']:.3f} | {f['tokens_per_s']:,.0f} | |
-{stream_order}| saffu engine, {f['sharded_devices']} CPU devices | {f['engine_sharded_seconds']:.3f} | {f['tokens_per_s_sharded']:,.0f} | |
-| numpy `np.add.at` | {f['numpy_seconds']:.3f} | {f['numpy_tokens_per_s']:,.0f} | {f['speedup_vs_numpy']:.1f}× |
-| `scipy.sparse` | {f['scipy_seconds']:.3f} | {f['scipy_tokens_per_s']:,.0f} | {f['speedup_vs_scipy']:.1f}× |
-
-Speed-up over numpy, repeat by repeat: {per_repeat} (smallest {f['min_speedup_vs_numpy']:.1f}×). The
-counts agree exactly (largest difference against numpy {f['max_abs_diff_numpy']:g}, against scipy
-{f['max_abs_diff_scipy']:g}); the engine's step compiled once, before the timed passes
-({f['engine_compile_seconds']:.2f} s; compilations during them: {f['step_compilations_timed']}).
-`python experiments/bench_stats.py --workdir W --check` compares a new run with this file.
-"""
+    return _page("bench_stats", record, per_repeat=per_repeat, stream_order=stream_order)
 
 
 SCORED = (("transformer", "transformer (random init)"), ("exact", "exact model"), ("residual", "explicit residual"))
@@ -381,28 +206,8 @@ def bench_scoring(record: dict) -> str:
                     f"({m['blimp_vs_train']:.2f}×) | {m['blimp_seconds']:.0f} s | "
                     f"{abs(m['score_loss'] - m['before_score_loss']):.1e} |")
     ratio = f["residual_vs_transformer"]
-    return f"""# Scoring and BLiMP throughput against training
-
-Generated from [`results/bench_scoring.json`](../../results/bench_scoring.json) by `experiments/render_results.py`.
-
-{provenance(record)}
-
-Width {settings['width']}, {settings['layers']} layers, on `{Path(settings['workdir']).name}`; the exact model and the
-residual's explicit part are the `saffu exact` run of the whole training split. Each figure is measured in its own
-process{_rounds(settings)}. Dev scoring: {f['transformer']['score_tokens']:,} dev targets of whole documents, old path → new path
-(the second of two identical runs, so no compilation is timed). BLiMP: all
-{f['transformer']['blimp_pairs']:,} pairs of the paradigm files present; its old path was timed on
-{settings['before_blimp_files']} files, so "old" is that subset's tokens/s. In brackets: tokens/s over the
-model's training tokens/s (the exact model, which is solved, over the transformer's, {train:,.0f}).
-
-| model | training tokens/s | dev scoring tokens/s, old → new | BLiMP tokens/s, old → new | BLiMP, all pairs | \\|Δ loss\\| old vs new (nats) |
-|---|---:|---:|---:|---:|---:|
-{chr(10).join(rows)}
-
-The residual against the plain transformer: training step time ×{ratio['train_step_ratio']:.2f}, training
-peak RSS ×{ratio['train_peak_rss_ratio']:.2f} ({f['residual']['train_peak_rss_mb']:,.0f} against
-{f['transformer']['train_peak_rss_mb']:,.0f} MB), scoring peak RSS ×{ratio['score_peak_rss_ratio']:.2f}.
-{_alternating(f)}"""
+    workdir, rounds, table, alternating = Path(settings["workdir"]).name, _rounds(settings), "\n".join(rows), _alternating(f)
+    return _page("bench_scoring", record, alternating=alternating, ratio=ratio, rounds=rounds, settings=settings, table=table, train=train, workdir=workdir)
 
 
 def _rounds(settings: dict) -> str:
@@ -480,33 +285,7 @@ Longer budgets (whole dev split), the chosen weight decay and dropout: {best}.
         f"{r['multiplier']:.2f}× ({r['multiplier_kind'].replace('_', ' ')}) | {r['cold']} | {r['gap_nats']:.3f} | "
         f"{'–' if r['cold_gap_nats'] is None else format(r['cold_gap_nats'], '.3f')} |"
         for start, rows in f.get("race", {}).items() for r in rows)
-    if race_rows:
-        sections.insert(0, f"""## The race: compute multipliers against the tuned cold curve
-
-Each explicit start's best run of a budget against its architecture's cold curve (the best cold
-run of each budget of an epoch or more; compute is training FLOPs plus the explicit solve's
-share): the cold compute that reaches the same dev figure, interpolated in log compute between
-two cold budgets (`measured`), or a bound where the curve does not reach it. The gaps are dev
-loss minus the last training loss (nats).
-
-| start | epochs | dev bits/byte | compute (FLOPs) | multiplier | against | train–dev gap | cold's gap |
-|---|---:|---:|---:|---:|---|---:|---:|
-{race_rows}
-""")
-    return f"""# One tuning protocol for every start
-
-Generated from [`results/tuning.json`](../../results/tuning.json) by `experiments/render_results.py`.
-
-{provenance(record)}
-
-Every start of the project's transformer (width 128, 5 layers, V 8,192, 16 × 256 targets a step)
-gets the same search: the full grid of learning rate × weight decay × dropout at
-{f['protocol']['share_epochs']:g} epoch, scored on {f['protocol']['probe_figure']}; the best may not sit at a grid
-edge (no weight decay and no dropout are floors, not edges). Then, at each longer budget, the chosen
-weight decay and dropout with the chosen rate and its ½× and 2× neighbours, scored on
-{f['protocol']['budget_figure']}. Each row is one `saffu train` command (in `results/tuning.json`).
-
-""" + "\n".join(sections) + _rescored_note(f)
+    return _page("tuning", record, race_rows=race_rows, sections="\n".join(sections), rescored=_rescored_note(f))
 
 
 def _rescored_note(f: dict) -> str:
