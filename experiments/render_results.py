@@ -412,61 +412,31 @@ def lasts_block() -> str:
             + ("\n" + "\n".join(others) + "\n" if others else ""))
 
 
+def _block(name: str, **values) -> str:
+    """``experiments/pages/readme_<name>.md`` filled in with the results files it names
+    (``results=``) and ``values``; a missing results file is one error naming it."""
+    files = values.pop("results")
+    records = {key: _load(file) for key, file in files.items()}
+    missing = [f"results/{files[key]}.json" for key, record in records.items() if record is None]
+    if missing:
+        raise SystemExit(f"README block {name!r} needs {', '.join(missing)}: run the experiment that writes it")
+    return (TEMPLATES / f"readme_{name}.md").read_text().format(**records, **values)
+
+
 def setup_block() -> str:
     """The README's set-up times: ``make demo`` and ``make test`` on a fresh clone."""
-    record = _load("setup")
-    if record is None:
-        return "Times: not measured yet: run `python experiments/setup_times.py`.\n"
-    f, load = record["figures"], record["load"]
+    f = (_load("setup") or {}).get("figures", {})
     status = {True: "passed", False: "FAILED"}
-    return (f"Measured on a fresh clone of revision {f['revision']} on {record['date']} "
-            f"({record['machine']['cores']} cores; 1-minute load average "
-            f"{load.get('load_average_1min_before', float('nan')):.1f} before, "
-            f"{load.get('load_average_1min_after', float('nan')):.1f} after), each including its install: "
-            f"`make demo` {_duration(f['demo_seconds'])} ({status[bool(f['demo_ok'])]}), "
-            f"`make test` {_duration(f['test_seconds'])} ({f['test_summary']}). "
-            f"[Details](docs/results/setup.md).\n")
+    return _block("setup", results={"setup": "setup"}, demo=_duration(f.get("demo_seconds", 0)),
+                  demo_ok=status[bool(f.get("demo_ok"))], test=_duration(f.get("test_seconds", 0)))
 
 
 def speed_block() -> str:
     """The README's throughput lines: scoring and BLiMP against training, the statistics engine
-    against numpy, bf16 against float32 on the measuring backend; one line per results file."""
-    lines = []
-    scoring = _load("bench_scoring")
-    if scoring:
-        f = scoring["figures"]
-        for key, label in (("transformer", "transformer"), ("residual", "explicit residual")):
-            m = f[key]
-            step = ""
-            versus = f.get("residual_vs_transformer", {})
-            if key == "residual" and "alternating_step_ratio" in versus:
-                step = (f"; a training step ×{versus['alternating_step_ratio']:.2f} the transformer's, peak RSS "
-                        f"+{versus['peak_rss_extra_gb']:.2f} GB")
-            lines.append(f"* {label}: dev scoring {m['score_vs_train']:.1f}× and BLiMP {m['blimp_vs_train']:.1f}× its "
-                         f"training tokens/s{step} ({scoring['date']}, [bench_scoring](docs/results/bench_scoring.md))")
-    stats = _load("bench_stats")
-    if stats:
-        f = stats["figures"]
-        lines.append(f"* statistics engine: {f['speedup_vs_numpy']:.1f}× `np.add.at` (median; smallest repeat "
-                     f"{f['min_speedup_vs_numpy']:.1f}×) ({stats['date']}, [bench_stats](docs/results/bench_stats.md))")
-    train = _load("bench_train")
-    if train:
-        f = train["figures"]
-        two = f"{f['speedup_two_cores']:.2f}×" if f.get("speedup_two_cores") else "not measured"
-        lines.append(f"* training step of the transformer: {f['speedup_vs_before']:.2f}× the tokens/s per core of the "
-                     f"revision before the speed work, {f['speedup_vs_torch']:.2f}× the same model in PyTorch (its best of "
-                     f"eager and `torch.compile`), both cores {two} one core, at the same losses "
-                     f"({train['date']}, [bench_train](docs/results/bench_train.md))")
-    bf16 = _load("bench_bf16")
-    if bf16:
-        f = bf16["figures"]
-        ratio = f["training"]["bf16_over_f32_step"]
-        verdict = "slower" if ratio > 1 else "faster"
-        lines.append(f"* `--compute-dtype bfloat16` on {f['backend']}: a training step takes {ratio:.2f}× float32's "
-                     f"({verdict}) ({bf16['date']}, [bench_bf16](docs/results/bench_bf16.md))")
-    if not lines:
-        return "No benchmark results file yet: run `experiments/bench_scoring.py --write-result`.\n"
-    return "\n".join(lines) + "\n"
+    against numpy and a PyTorch peer, bf16 against float32 on the measuring backend."""
+    ratio = ((_load("bench_bf16") or {}).get("figures", {}).get("training", {})).get("bf16_over_f32_step", 1.0)
+    return _block("speed", results={"scoring": "bench_scoring", "stats": "bench_stats", "train": "bench_train",
+                                    "bf16": "bench_bf16"}, verdict="slower" if ratio > 1 else "faster")
 
 
 def tuning_block() -> str:
