@@ -14,9 +14,10 @@ Protocol (the same for both starts, width 128, 5 layers, V 8,192, 16 × 256 targ
    warm-up and cosine schedule, scored on the whole dev split; the best rate of a budget may not
    sit at an edge of its three either (the budget then grows a rate beyond it).
 
-Every probe and run is one ``saffu train`` command in its own folder (``OUT/runs/NAME``): a
-finished one (its ``result.json`` written) is skipped, an interrupted one resumes from its
-checkpoint. ``--jobs 2`` runs two at once, each pinned to a core of its own. ``--report``
+Every probe and run is a run spec (:mod:`saffu.runner`: ``saffu train --config`` of its
+``spec.json``) in its own folder (``OUT/runs/START/NAME``), run by :func:`saffu.runner.sweep`: a
+finished one (its ``result.json`` written under the same spec) is skipped, an interrupted one
+resumes from its checkpoint, and a folder holding another spec is refused. ``--jobs 2`` runs two at once, each pinned to a core of its own. ``--report``
 writes ``results/tuning.json``: the grid, every probe's and run's dev figure, seconds and command,
 and the chosen values per start and budget.
 
@@ -31,34 +32,48 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import shlex
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from results import write_result
-from saffu._io import SaffuError
+from saffu._io import SaffuError, atomic_write_json
 from saffu.eval.race import choose, compute_with_solve, multiplier
 from saffu.flags import DEFAULT_CORPUS
+from saffu.runner import SPEC, command, sweep
 
 ROOT = Path(__file__).resolve().parents[1]
-#: The starts compared: ``saffu train --init`` of each and its architecture's flags.
-LLAMA, GPT = ["--block", "llama"], ["--block", "gpt", "--output-bias"]
-STARTS = {"cold": ("random", GPT), "explicit-init": ("explicit", GPT),
-          "llama-cold-nobias": ("random", [*LLAMA, "--no-output-bias"]),
-          "llama-explicit-nobias": ("explicit", [*LLAMA, "--no-output-bias"]),
-          "llama-explicit": ("explicit", LLAMA),
-          "llama-explicit-nobias-rms1": ("explicit", [*LLAMA, "--no-output-bias", "--explicit-embedding-rms", "1"]),
+#: The starts compared: each one's ``saffu train`` start (``--init`` and its start settings) and
+#: model settings, the sections of its run spec (:mod:`saffu.runner`).
+GPT, LLAMA = {"block": "gpt", "output_bias": True}, {"block": "llama", "output_bias": False}
+STARTS = {"cold": ("random", GPT, {}), "explicit-init": ("explicit", GPT, {}),
+          "llama-cold-nobias": ("random", LLAMA, {}),
+          "llama-explicit-nobias": ("explicit", LLAMA, {}),
+          "llama-explicit": ("explicit", {"block": "llama", "output_bias": True}, {}),
+          "llama-explicit-nobias-rms1": ("explicit", LLAMA, {"explicit_embedding_rms": 1.0}),
           # the output kernel at penzai's Llama-like random scale, √(2 / (d + V)) at d 128, V 8,192
-          "llama-explicit-nobias-rms1-out": ("explicit", [*LLAMA, "--no-output-bias", "--explicit-embedding-rms", "1",
-                                                          "--explicit-output-rms", "0.0155"]),
+          "llama-explicit-nobias-rms1-out": ("explicit", LLAMA, {"explicit_embedding_rms": 1.0,
+                                                                 "explicit_output_rms": 0.0155}),
           # the scaling trend: the llama block at width 64, at the width-128 grid's values
-          "llama-cold-nobias-w64": ("random", [*LLAMA, "--no-output-bias", "--width", "64"]),
-          "llama-explicit-nobias-w64": ("explicit", [*LLAMA, "--no-output-bias", "--width", "64"])}
+          "llama-cold-nobias-w64": ("random", {**LLAMA, "width": 64}, {}),
+          "llama-explicit-nobias-w64": ("explicit", {**LLAMA, "width": 64}, {})}
+
+
+def flags_of(start: str) -> list[str]:
+    """The ``saffu train`` flags of a start's settings (``--block llama --no-output-bias``), as the
+    results file and the README name it."""
+    _, model, extra = STARTS[start]
+    out = []
+    for name, value in {**model, **extra}.items():
+        flag = "--" + name.replace("_", "-")
+        out += [f"--{'' if value else 'no-'}{flag[2:]}"] if isinstance(value, bool) else \
+            [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+    return out
+
+
 #: The starts the quarter-epoch grid tunes; the others run at those values (the architecture comparison).
 GRID_STARTS = ("cold", "explicit-init")
 #: Each architecture's cold start, which its explicit starts race against.
@@ -81,7 +96,6 @@ def _half_decade(value: float, up: bool) -> float:
 #: How a grid grows beyond an edge: the next value above (below) the largest (smallest).
 GROW = {"learning_rate": (lambda v: _half_decade(v, True), lambda v: _half_decade(v, False)),
         "weight_decay": (lambda v: round(v * 3, 12), None), "dropout": (lambda v: round(v + 0.1, 12), None)}
-FLAGS = {"learning_rate": "--learning-rate", "weight_decay": "--weight-decay", "dropout": "--dropout"}
 
 
 def parse_args(argv=None):
@@ -98,12 +112,6 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-def model_flags(quick: bool) -> list[str]:
-    small = ["--width", "16", "--layers", "1", "--heads", "2", "--context", "8", "--seq-len", "32",
-             "--batch-size", "4"]
-    return ["--model", "transformer", *(small if quick else [])]
-
-
 def steps_per_epoch(workdir: Path, quick: bool) -> int:
     meta = json.loads((workdir / "meta.json").read_text())
     targets = meta["splits"][meta.get("train_split", "train_10M")]["tokens"] - 1
@@ -115,46 +123,31 @@ def name_of(start: str, values: dict, epochs: float) -> str:
     return f"{start}/{epochs:g}ep_{parts}"
 
 
-def command(args, start: str, values: dict, epochs: float, run: Path) -> list[str]:
+def spec_of(args, start: str, values: dict, epochs: float) -> dict:
+    """The run spec (:mod:`saffu.runner`) of ``start`` at ``values`` for ``epochs``: budgets of a
+    whole epoch or more are scored on the whole dev split, probes on about 200,000 tokens."""
+    init, model, extra = STARTS[start]
     steps = max(round(epochs * steps_per_epoch(args.workdir, args.quick)), 1)
-    whole = epochs >= 1 and not args.quick          # budgets: the whole dev split; probes: about 200,000 tokens
-    return [sys.executable, "-m", "saffu", "train", "--workdir", str(args.workdir), "--run", str(run),
-            "--init", STARTS[start][0], *model_flags(args.quick), *STARTS[start][1], "--steps", str(steps),
-            "--eval-every", str(max(steps // 8, 1) if whole else steps), "--checkpoint-every", str(max(steps // 4, 1)),
-            *[x for key, flag in FLAGS.items() for x in (flag, f"{values[key]:g}")],
-            "--eval-tokens", "0" if whole else "200000", "--metrics-json", str(run / "result.json"), "--quiet"]
+    whole = epochs >= 1 and not args.quick
+    small = ({"width": 16, "layers": 1, "heads": 2, "context_tokens": 8}, {"seq_len": 32, "batch_size": 4}) \
+        if args.quick else ({}, {})
+    return {"start": {"init": init, "model": "transformer", **extra},
+            "model": {"kind": "transformer", **model, **small[0]},
+            "train": {"steps": steps, "eval_every": max(steps // 8, 1) if whole else steps,
+                      "checkpoint_every": max(steps // 4, 1), **{k: float(v) for k, v in values.items()}, **small[1]},
+            "eval": {"eval_tokens": 0 if whole else 200000}}
 
 
-def run_all(args, wanted: list[tuple[str, dict, float]]) -> dict[str, dict]:
-    """Run every ``(start, values, epochs)`` not finished yet, ``--jobs`` at a time (each pinned to
-    its own core); returns ``{name: result}`` of all of them."""
-    cores = sorted(os.sched_getaffinity(0))
-    pending = [w for w in wanted if not (args.out / "runs" / name_of(*w) / "result.json").exists()]
-    running: dict[int, tuple[subprocess.Popen, str, float]] = {}
-    print(f"{len(wanted) - len(pending)} of {len(wanted)} finished already; {len(pending)} to run", flush=True)
-    while pending or running:
-        for slot in range(args.jobs):
-            if slot not in running and pending:
-                start, values, epochs = pending.pop(0)
-                name = name_of(start, values, epochs)
-                run = args.out / "runs" / name
-                run.mkdir(parents=True, exist_ok=True)
-                line = command(args, start, values, epochs, run)
-                (run / "command.txt").write_text(shlex.join(["python", *line[1:]]) + "\n")
-                pin = ["taskset", "-c", str(cores[slot % len(cores)])] if args.jobs > 1 else []
-                with open(run / "log.txt", "a") as log:
-                    running[slot] = (subprocess.Popen(pin + line, stdout=log, stderr=subprocess.STDOUT), name,
-                                     time.time())
-        time.sleep(2)
-        for slot, (process, name, began) in list(running.items()):
-            if process.poll() is None:
-                continue
-            del running[slot]
-            if process.returncode:
-                raise SystemExit(f"{name} failed (exit {process.returncode}); see {args.out / 'runs' / name / 'log.txt'}")
-            result = json.loads((args.out / "runs" / name / "result.json").read_text())
-            print(f"{name}: dev {result['dev_bpb']:.4f} bits/byte ({time.time() - began:,.0f} s)", flush=True)
-    return {name_of(*w): load(args.out, name_of(*w)) for w in wanted}
+def run_all(args, wanted: list[tuple[str, dict, float]]) -> None:
+    """Run every ``(start, values, epochs)`` not finished yet through :func:`saffu.runner.sweep`,
+    ``--jobs`` at a time (each pinned to its own core). A folder finished before the runner wrote
+    specs (``result.json``, no ``spec.json``) was run under its name's settings: it is given its spec."""
+    specs = {name_of(*w): spec_of(args, *w) for w in wanted}
+    for name, spec in specs.items():
+        folder = args.out / "runs" / name
+        if (folder / "result.json").exists() and not (folder / SPEC).exists():
+            atomic_write_json(folder / SPEC, spec)
+    sweep(specs, args.out / "runs", args.workdir, jobs=args.jobs)
 
 
 def load(out: Path, name: str) -> dict:
@@ -248,7 +241,7 @@ def report(args) -> dict:
                             "probe_figure": "dev bits per byte on about 200,000 tokens of whole dev documents",
                             "budget_figure": "dev bits per byte on the whole dev split"},
                "workdir": str(args.workdir), "starts": starts, "architectures": others,
-               "flags": {start: STARTS[start][1] for start in STARTS}}
+               "flags": {start: flags_of(start) for start in STARTS}}
     figures["race"] = race(figures)
     path = write_result("tuning", figures, seeds=[0], load={
         "note": "two runs at a time, one per core (taskset), other work sharing the machine at times; each run's "
@@ -309,9 +302,16 @@ def _row(args, start: str, values: dict, epochs: float) -> dict:
             "train_loss": history[-1]["train_loss"], "last_dev_window_loss": history[-1]["dev_loss"],
             "steps": result["steps"], "train_seconds": history[-1]["seconds"],   # also of a run resumed at its end
             "solve_seconds": result.get("solve_seconds", 0.0), "flops": result.get("flops"),
-            "dev_whole_split": result.get("dev_whole_split"), "flags": STARTS[start][1],
+            "dev_whole_split": result.get("dev_whole_split"), "flags": flags_of(start),
             **({"rescored": result["rescored"]} if "rescored" in result else {}),
-            "command": (args.out / "runs" / name / "command.txt").read_text().strip()}
+            "command": _command(args, args.out / "runs" / name)}
+
+
+def _command(args, folder: Path) -> str:
+    """How a run was started: its ``command.txt`` (runs before the runner), else the runner's command."""
+    if (folder / "command.txt").exists():
+        return (folder / "command.txt").read_text().strip()
+    return shlex.join(["python", *command(folder, args.workdir)[1:]])
 
 
 def main(argv=None) -> int:
@@ -348,4 +348,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except SaffuError as error:         # a failed run: the runner names it and its log
+        sys.exit(f"tune.py: {error}")
