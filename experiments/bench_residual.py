@@ -33,7 +33,7 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", type=Path, default=Path("runs/babylm"), help="prepared work directory")
     parser.add_argument("--exact-run", type=Path, default=Path("runs/budgets/exact/1"),
-                        help="`saffu exact` run the residual is built over")
+                        help="`saffu exact` run the residual is built over (made there first when it does not exist)")
     parser.add_argument("--width", type=int, default=128)
     parser.add_argument("--layers", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=16)
@@ -151,6 +151,8 @@ def main(argv=None) -> int:
     if args.child:
         print(json.dumps(child(args)))
         return 0
+    from saffu.runner import exact_run
+    exact_run(args.workdir, args.exact_run)          # what the residual reads: made here on a fresh clone
     result = {"command": " ".join([sys.executable, *sys.argv]), "load_average_before": os.getloadavg()}
     if not args.no_rss:        # first, while this process is small (see :func:`child`)
         forwarded = list(sys.argv[1:])

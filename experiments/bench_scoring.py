@@ -45,7 +45,8 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", type=Path, default=ROOT / "runs" / "babylm", help="prepared work directory")
     parser.add_argument("--exact-run", type=Path, default=ROOT / "runs" / "budgets" / "exact" / "1",
-                        help="a `saffu exact` run on --workdir (the exact model and the residual's tables)")
+                        help="a `saffu exact` run on --workdir (the exact model and the residual's tables); made "
+                             "there first when it does not exist")
     parser.add_argument("--blimp-dir", type=Path, default=ROOT.parent / "shared" / "data" / "blimp",
                         help="folder of BLiMP *.jsonl paradigm files")
     parser.add_argument("--blimp-files", type=int, default=0, help="first N paradigm files only (0: all)")
@@ -300,6 +301,9 @@ def main(argv=None) -> dict:
     if args.child:
         child(args)
         return {}
+    if {"exact", "residual"} & set(args.models):      # what they read: made here on a fresh clone
+        from saffu.runner import exact_run
+        exact_run(args.workdir, args.exact_run)
     started_load = os.getloadavg()
     started = time.time()
     argv = _child_argv(args)

@@ -17,9 +17,10 @@ Protocol (the same for both starts, width 128, 5 layers, V 8,192, 16 × 256 targ
 Every probe and run is a run spec (:mod:`saffu.runner`: ``saffu train --config`` of its
 ``spec.json``) in its own folder (``OUT/runs/START/NAME``), run by :func:`saffu.runner.sweep`: a
 finished one (its ``result.json`` written under the same spec) is skipped, an interrupted one
-resumes from its checkpoint, and a folder holding another spec is refused. ``--jobs 2`` runs two at once, each pinned to a core of its own. ``--report``
-writes ``results/tuning.json``: the grid, every probe's and run's dev figure, seconds and command,
-and the chosen values per start and budget.
+resumes from its checkpoint, and a folder holding another spec is refused. ``--jobs 2`` runs
+two at once, each pinned to a core of its own. ``--report`` writes ``results/tuning.json``: the
+grid, every probe's and run's dev figure, seconds and command, and the chosen values per start
+and budget.
 
     python experiments/tune.py --workdir runs/babylm --out runs/tune --phase grid --jobs 2
     python experiments/tune.py --workdir runs/babylm --out runs/tune --phase budgets --epochs 1 4 --jobs 2

@@ -178,6 +178,24 @@ def sweep(specs: Mapping[str, Mapping], out: str | Path, workdir: str | Path, jo
     return [gather_one(out / name) for name in specs]
 
 
+def exact_run(workdir: str | Path, run: str | Path, flags: tuple[str, ...] = (),
+              say: Callable[[str], None] = print) -> Path:
+    """A ``saffu exact`` run of ``workdir``'s training split at ``run`` (what a residual start
+    and the exact model are read from): made here, with ``saffu exact``'s ``flags`` (its defaults
+    otherwise), unless ``run`` already holds one. Raises :class:`SaffuError` when making it fails (its log is ``run/log.txt``)."""
+    run = Path(run)
+    if (run / "config.json").exists():
+        return run
+    run.mkdir(parents=True, exist_ok=True)
+    line = [sys.executable, "-m", "saffu", "exact", "--workdir", str(workdir), "--run", str(run), *flags,
+            "--quiet"]
+    say(f"no exact run at {run}: making one ({shlex.join(['saffu', *line[3:]])})")
+    with open(run / LOG, "a") as log:
+        if subprocess.run(line, stdout=log, stderr=subprocess.STDOUT).returncode:
+            raise SaffuError(f"saffu exact failed for {run}; see {run / LOG}")
+    return run
+
+
 def gather_one(folder: str | Path) -> dict:
     """The row of a finished run folder: ``name``, ``spec_hash``, its spec's settings
     (``"train.learning_rate"``, …), every figure of its ``result.json``, the last training loss

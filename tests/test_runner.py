@@ -82,3 +82,14 @@ def test_a_failed_run_is_named_and_the_others_finish(tiny_workdir, tmp_path):
         sweep(specs, tmp_path / "out", tiny_workdir.path, jobs=1, say=said.append)
     assert (tmp_path / "out" / "good" / "result.json").exists() and any("bad: failed" in s for s in said)
     assert "saffu: error" in (tmp_path / "out" / "bad" / "log.txt").read_text()
+
+
+def test_an_exact_run_is_made_once_and_then_reused(tiny_workdir, tmp_path):
+    from saffu.runner import exact_run
+    said = []
+    run = exact_run(tiny_workdir.path, tmp_path / "exact", ("--holdout-tokens", "64"), say=said.append)
+    record = json.loads((run / "config.json").read_text())
+    assert record["model"]["kind"] == "exact" and len(said) == 1 and "saffu exact" in said[0]
+    assert exact_run(tiny_workdir.path, run, say=said.append) == run and len(said) == 1     # there: not made again
+    with pytest.raises(SaffuError, match="saffu exact failed"):
+        exact_run(tmp_path / "no_workdir", tmp_path / "other", say=said.append)
