@@ -182,7 +182,8 @@ def exact_run(workdir: str | Path, run: str | Path, flags: tuple[str, ...] = (),
               say: Callable[[str], None] = print) -> Path:
     """A ``saffu exact`` run of ``workdir``'s training split at ``run`` (what a residual start
     and the exact model are read from): made here, with ``saffu exact``'s ``flags`` (its defaults
-    otherwise), unless ``run`` already holds one. Raises :class:`SaffuError` when making it fails (its log is ``run/log.txt``)."""
+    otherwise), unless ``run`` already holds one. Raises :class:`SaffuError` when making it
+    fails (its log is ``run/log.txt``)."""
     run = Path(run)
     if (run / "config.json").exists():
         return run
