@@ -235,7 +235,7 @@ def report(args) -> dict:
     others = {}
     for start in STARTS:
         folder = args.out / "runs" / start
-        if start not in GRID_STARTS and folder.is_dir():
+        if start not in args.starts and folder.is_dir():
             names = sorted(p.parent.name for p in folder.glob("*/result.json"))
             others[start] = [_row(args, start, _values(name), _epochs(name)) for name in names]
     figures = {"protocol": {"grid": GRID, "share_epochs": args.share, "budget_epochs": args.epochs,
@@ -270,8 +270,8 @@ def race(figures: dict) -> dict:
     """Each explicit start's multiplier at each budget (its best run there) against its
     architecture's cold curve (the best cold run of each budget of a whole epoch or more),
     :func:`saffu.eval.race.multiplier`; and every such run's train–dev gap (nats)."""
-    rows = {start: [r for b in figures["starts"].get(start, {}).get("budgets", {}).values() for r in b["runs"]]
-            for start in GRID_STARTS}
+    rows = {start: [r for b in tuned.get("budgets", {}).values() for r in b["runs"]]
+            for start, tuned in figures["starts"].items()}
     rows.update(figures["architectures"])
     best = {}
     for start, runs in rows.items():
