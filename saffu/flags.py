@@ -434,7 +434,8 @@ def _train_flags(p) -> None:
     add_eval_flags(p)
     p.add_argument("--config", type=Path, metavar="SPEC",
                    help="a run spec (another run's RUN/train.json, or TOML with its sections start, model, train, "
-                        "options): its values become the flags' defaults, flags given here override them")
+                        "options): its values become the flags' defaults, flags given here override them, each "
+                        "also by its dotted name (--train.learning_rate 3e-3, --model.width 256)")
 
 
 def _eval_flags(p) -> None:
@@ -623,20 +624,50 @@ def build_parser(commands: dict) -> argparse.ArgumentParser:
     return parser
 
 
+def dotted_flag(setting: str, kind: str) -> str:
+    """The ``saffu train`` flag of a run spec's ``section.setting`` (``train.learning_rate`` ->
+    ``--learning-rate``, ``model.heads`` of a transformer -> ``--attention-heads``), the model's
+    settings those of model ``kind``; one error line for a setting ``saffu train`` does not have."""
+    section, _, name = setting.partition(".")
+    fields, rename = {"start": ((*START, "ffn_from"), None), "train": (TRAIN, None), "options": (TRAIN_OPTIONS, None),
+                      "eval": (("eval_tokens",), None), "model": MODEL[kind][1:] if kind in MODEL else ((), None)}.get(
+        section, ((), None))
+    if name not in fields:
+        raise SaffuError(f"--{setting} is not a setting of saffu train: write --SECTION.SETTING, SECTION one of "
+                         f"start, model, train, options, eval (a run spec's sections)")
+    return flag_name(name, rename)
+
+
+def _dotted(words: list[str], kind: str) -> list[str]:
+    """``saffu train``'s arguments with every ``--section.setting`` (or ``--section.setting=VALUE``)
+    written as its flag (:func:`dotted_flag`)."""
+    out = []
+    for word in words:
+        flag, equals, value = word.partition("=")
+        if flag.startswith("--") and "." in flag and not flag[2:3].isdigit():
+            word = dotted_flag(flag[2:], kind) + equals + value
+        out.append(word)
+    return out
+
+
 def parse(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> argparse.Namespace:
     """``parser.parse_args(argv)``; a ``saffu train --config SPEC`` is parsed again with the spec's
-    values as the defaults (:func:`spec_defaults`), so the flags given override them."""
+    values as the defaults (:func:`spec_defaults`), so the flags given override them, and its
+    settings may be given by their dotted names (``--train.learning_rate 3e-3``, :func:`dotted_flag`)."""
     import sys
     words = list(sys.argv[1:] if argv is None else argv)
     if words[:1] == ["train"]:
-        early = argparse.ArgumentParser(add_help=False)
+        early = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
         early.add_argument("--config", type=Path)
-        config = early.parse_known_args(words[1:])[0].config
-        if config is not None:
+        early.add_argument("--model", "--start.model", dest="model")
+        known = early.parse_known_args(words[1:])[0]
+        defaults = spec_defaults(known.config) if known.config is not None else {}
+        if known.config is not None:
             train = parser.commands["train"]
-            defaults = spec_defaults(config)
             for action in train._actions:
                 if action.dest in defaults:
                     action.required = False
             train.set_defaults(**defaults)
+        kind = known.model or defaults.get("model") or configs.StartConfig.model
+        argv = words = ["train", *_dotted(words[1:], kind)]
     return parser.parse_args(argv)

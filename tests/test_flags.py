@@ -109,3 +109,33 @@ def test_a_bad_value_is_one_error_line(argv, tmp_path):
     error = [line for line in done.stderr.splitlines() if "error" in line]
     assert len(error) == 1 and error[0].startswith(("saffu: error:", f"saffu {argv[0]}: error:"))
     assert done.stderr.strip().splitlines()[-1] == error[0]
+
+
+def test_a_run_specs_dotted_settings_are_saffu_trains_flags():
+    from saffu._io import SaffuError
+    from saffu.flags import dotted_flag
+    assert dotted_flag("train.learning_rate", "transformer") == "--learning-rate"
+    assert dotted_flag("model.heads", "transformer") == "--attention-heads"      # the transformer's renamed flag
+    assert dotted_flag("model.heads", "saffu") == "--heads"
+    assert dotted_flag("model.context_tokens", "transformer") == "--context"
+    assert dotted_flag("options.cross_fit", "transformer") == "--cross-fit"
+    assert dotted_flag("start.explicit_embedding_rms", "transformer") == "--explicit-embedding-rms"
+    for bad in ("train.nope", "optim.learning_rate", "model.width"):              # saffu has no width
+        with pytest.raises(SaffuError, match="not a setting of saffu train"):
+            dotted_flag(bad, "saffu")
+
+
+def test_saffu_train_takes_dotted_overrides_over_a_spec(tmp_path, capsys):
+    from saffu.cli import build_parser, main
+    from saffu.flags import parse
+    spec = tmp_path / "run.toml"
+    spec.write_text('[start]\ninit = "random"\nmodel = "transformer"\n[model]\nwidth = 64\n[train]\n'
+                    'learning_rate = 0.01\nsteps = 10\n')
+    args = parse(build_parser(), ["train", "--workdir", "w", "--run", "r", "--config", str(spec),
+                                  "--train.learning_rate", "0.02", "--model.width=32", "--model.heads", "2"])
+    assert (args.learning_rate, args.width, args.attention_heads, args.steps, args.init) == (0.02, 32, 2, 10, "random")
+    flat = parse(build_parser(), ["train", "--workdir", "w", "--run", "r", "--init", "random", "--start.model",
+                                  "transformer", "--model.layers", "3"])
+    assert (flat.model, flat.layers) == ("transformer", 3)
+    assert main(["train", "--workdir", "w", "--run", "r", "--init", "random", "--train.nope", "1"]) == 2
+    assert "--train.nope is not a setting of saffu train" in capsys.readouterr().err
