@@ -57,10 +57,10 @@ def score(name: str, run: Path, blimp: Path, tasks: Path, harness_only: bool = F
     manager = TaskManager(include_path=str(tasks))
     harness = lm_eval.simple_evaluate(model=model, tasks=["saffu_blimp"], task_manager=manager, log_samples=False,
                                       verbosity="WARNING")["results"]["saffu_blimp"]["acc,none"]
-    kind = getattr(model.config, "kind", "external")
-    row = {"name": name, "run": str(run), "weights": model.weights, "kind": kind,
-           "block": getattr(model.config, "block", None) if kind != "external" else f"penzai {run_model(run)}",
-           "harness_saffu": harness}
+    penzai = run_model(run)             # an any_model.py run: a model saffu did not build
+    row = {"name": name, "run": str(run), "weights": model.weights,
+           "kind": "external" if penzai else model.config.kind,
+           "block": f"penzai {penzai}" if penzai else getattr(model.config, "block", None), "harness_saffu": harness}
     if harness_only:
         row["seconds"] = time.perf_counter() - tick
         print(f"{name}: harness {harness:.4f}", flush=True)
