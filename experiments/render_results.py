@@ -144,7 +144,7 @@ def harness_blimp(record: dict) -> str:
     f = record["figures"]
     percent = lambda r, key: f"{100 * r[key]:.2f}%" if key in r else "–"
     hf = lambda r: percent(r, "harness_hf") if "harness_hf" in r or "saffu_blimp" not in r else "not exported (an output bias)"
-    rows = "\n".join(f"| {r['name']} | {r['block']} | {r['weights']} | {percent(r, 'saffu_blimp')} | "
+    rows = "\n".join(f"| {r['name']} | {r['block'] or r['kind']} | {r['weights']} | {percent(r, 'saffu_blimp')} | "
                      f"{percent(r, 'harness_saffu')} | {hf(r)} | {r.get('date', record['date'])} |" for r in f["rows"])
     return _page("harness_blimp", record, rows=rows)
 
