@@ -238,6 +238,8 @@ def _first_at(history: list[dict], target: float, offset: float, key: str) -> fl
 def report(out: Path) -> dict:
     """Gather every finished run under ``out/runs`` into ``report.json``, ``report.md`` and ``curves.png``."""
     results = [json.loads(path.read_text()) for path in sorted((out / "runs").glob("*/result.json"))]
+    # this experiment's runs only: budgets.py puts any_model.py's runs (a "model", no "fraction") beside them
+    results = [r for r in results if "fraction" in r and "model" not in r]
     if not results:
         raise SystemExit(f"no finished runs under {out / 'runs'}")
     rows, lines = [], []
