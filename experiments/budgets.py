@@ -148,6 +148,7 @@ def compute(run: dict) -> float:
 
 #: The sweep's name of each multiplier kind of :mod:`saffu.eval.race` (its rows keep these words).
 HOW = {MEASURED: "interpolated", LOWER_BOUND: "beyond", UPPER_BOUND: "before"}
+KIND_OF = {word: kind for kind, word in HOW.items()}
 
 
 def cold_compute_to_reach(curve: list[tuple[float, float]], target: float) -> tuple[float, str]:
@@ -163,7 +164,7 @@ def cold_compute_to_reach(curve: list[tuple[float, float]], target: float) -> tu
 
 def multiplier_text(multiplier: float, how: str) -> str:
     """A multiplier as the tables print it (:func:`saffu.eval.race.bound_text` of its kind)."""
-    return bound_text(multiplier, {word: kind for kind, word in HOW.items()}[how])
+    return bound_text(multiplier, KIND_OF[how])
 
 
 def share_of_steps_to_cold(row: dict, rows: list[dict]) -> float | None:

@@ -412,31 +412,36 @@ def lasts_block() -> str:
             + ("\n" + "\n".join(others) + "\n" if others else ""))
 
 
-def _block(name: str, **values) -> str:
-    """``experiments/pages/readme_<name>.md`` filled in with the results files it names
-    (``results=``) and ``values``; a missing results file is one error naming it."""
-    files = values.pop("results")
+def _records(block: str, **files: str) -> dict:
+    """``{key: results/<file>.json's record}`` of a README block; a missing results file is one
+    error naming it."""
     records = {key: _load(file) for key, file in files.items()}
     missing = [f"results/{files[key]}.json" for key, record in records.items() if record is None]
     if missing:
-        raise SystemExit(f"README block {name!r} needs {', '.join(missing)}: run the experiment that writes it")
+        raise SystemExit(f"README block {block!r} needs {', '.join(missing)}: run the experiment that writes it")
+    return records
+
+
+def _block(name: str, records: dict, **values) -> str:
+    """``experiments/pages/readme_<name>.md`` filled in with ``records`` (:func:`_records`) and ``values``."""
     return (TEMPLATES / f"readme_{name}.md").read_text().format(**records, **values)
 
 
 def setup_block() -> str:
     """The README's set-up times: ``make demo`` and ``make test`` on a fresh clone."""
-    f = (_load("setup") or {}).get("figures", {})
+    records = _records("setup", setup="setup")
+    f = records["setup"]["figures"]
     status = {True: "passed", False: "FAILED"}
-    return _block("setup", results={"setup": "setup"}, demo=_duration(f.get("demo_seconds", 0)),
-                  demo_ok=status[bool(f.get("demo_ok"))], test=_duration(f.get("test_seconds", 0)))
+    return _block("setup", records, demo=_duration(f["demo_seconds"]), demo_ok=status[bool(f["demo_ok"])],
+                  test=_duration(f["test_seconds"]))
 
 
 def speed_block() -> str:
     """The README's throughput lines: scoring and BLiMP against training, the statistics engine
     against numpy and a PyTorch peer, bf16 against float32 on the measuring backend."""
-    ratio = ((_load("bench_bf16") or {}).get("figures", {}).get("training", {})).get("bf16_over_f32_step", 1.0)
-    return _block("speed", results={"scoring": "bench_scoring", "stats": "bench_stats", "train": "bench_train",
-                                    "bf16": "bench_bf16"}, verdict="slower" if ratio > 1 else "faster")
+    records = _records("speed", scoring="bench_scoring", stats="bench_stats", train="bench_train", bf16="bench_bf16")
+    ratio = records["bf16"]["figures"]["training"]["bf16_over_f32_step"]
+    return _block("speed", records, verdict="slower" if ratio > 1 else "faster")
 
 
 def tuning_block() -> str:

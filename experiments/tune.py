@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results import write_result
 from saffu._io import SaffuError, atomic_write_json
 from saffu.eval.race import choose, compute_with_solve, multiplier
-from saffu.flags import DEFAULT_CORPUS
+from saffu.flags import DEFAULT_CORPUS, TRANSFORMER_RENAME, flag_name
 from saffu.runner import SPEC, command, sweep
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,12 +67,11 @@ def flags_of(start: str) -> list[str]:
     """The ``saffu train`` flags of a start's settings (``--block llama --no-output-bias``), as the
     results file and the README name it."""
     _, model, extra = STARTS[start]
-    out = []
-    for name, value in {**model, **extra}.items():
-        flag = "--" + name.replace("_", "-")
-        out += [f"--{'' if value else 'no-'}{flag[2:]}"] if isinstance(value, bool) else \
-            [flag, f"{value:g}" if isinstance(value, float) else str(value)]
-    return out
+    flags = [(flag_name(name, TRANSFORMER_RENAME), value) for name, value in model.items()]
+    flags += [(flag_name(name), value) for name, value in extra.items()]
+    return [word for flag, value in flags for word in
+            ([flag if value else "--no-" + flag[2:]] if isinstance(value, bool)
+             else [flag, f"{value:g}" if isinstance(value, float) else str(value)])]
 
 
 #: The starts the quarter-epoch grid tunes; the others run at those values (the architecture comparison).

@@ -669,5 +669,5 @@ def parse(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> arg
                     action.required = False
             train.set_defaults(**defaults)
         kind = known.model or defaults.get("model") or configs.StartConfig.model
-        argv = words = ["train", *_dotted(words[1:], kind)]
+        argv = ["train", *_dotted(words[1:], kind)]
     return parser.parse_args(argv)
