@@ -58,9 +58,11 @@ STARTS = {"cold": ("random", GPT, {}), "explicit-init": ("explicit", GPT, {}),
           # the output kernel at penzai's Llama-like random scale, √(2 / (d + V)) at d 128, V 8,192
           "llama-explicit-nobias-rms1-out": ("explicit", LLAMA, {"explicit_embedding_rms": 1.0,
                                                                  "explicit_output_rms": 0.0155}),
-          # the scaling trend: the llama block at width 64, at the width-128 grid's values
+          # the scaling trend: the llama block at widths 64 and 256, at the width-128 grid's values
           "llama-cold-nobias-w64": ("random", {**LLAMA, "width": 64}, {}),
-          "llama-explicit-nobias-w64": ("explicit", {**LLAMA, "width": 64}, {})}
+          "llama-explicit-nobias-w64": ("explicit", {**LLAMA, "width": 64}, {}),
+          "llama-cold-nobias-w256": ("random", {**LLAMA, "width": 256}, {}),
+          "llama-explicit-nobias-w256": ("explicit", {**LLAMA, "width": 256}, {})}
 
 
 def flags_of(start: str) -> list[str]:
@@ -79,7 +81,7 @@ GRID_STARTS = ("cold", "explicit-init")
 #: Each architecture's cold start, which its explicit starts race against.
 COLD_OF = {"explicit-init": "cold", "llama-explicit-nobias": "llama-cold-nobias",
            "llama-explicit-nobias-rms1": "llama-cold-nobias", "llama-explicit-nobias-rms1-out": "llama-cold-nobias",
-           "llama-explicit-nobias-w64": "llama-cold-nobias-w64"}
+           "llama-explicit-nobias-w64": "llama-cold-nobias-w64", "llama-explicit-nobias-w256": "llama-cold-nobias-w256"}
 #: The quarter-epoch grid.
 GRID = {"learning_rate": [1e-3, 3e-3, 1e-2, 3e-2], "weight_decay": [0.0, 0.1], "dropout": [0.0, 0.1]}
 #: The llama block's grid, the same for its cold and explicit starts: the weight decay starts at 0 and
