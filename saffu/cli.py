@@ -77,7 +77,7 @@ def _solve(args, workdir, config, solver, title: str, writer: bool = True) -> di
     if Path(saved) != Path(args.run):
         _say(args, f"saved to {saved} instead of {args.run}")
         args.run = Path(saved)
-    size = {} if config.kind == "exact" else {"params": parameter_count(params)}
+    size = {} if isinstance(config, configs.ExactConfig) else {"params": parameter_count(params)}
     metrics = {**report, **size, **_score_splits(params, config, workdir, args)}
     return _print_metrics(f"{title} on {workdir.meta['corpus']} -> {args.run}", metrics)
 
@@ -230,7 +230,7 @@ def cmd_train(args) -> dict:
     start = config_from_args(configs.StartConfig, args, (*flags.START, "ffn_from"))
     if args.num_processes > 1 and (start.residual is not None or start.init == "inherit" or start.ffn_from
                                    or ((run / "config.json").exists() and
-                                   load_run_config(run).kind == "residual")):
+                                   isinstance(load_run_config(run), configs.ResidualConfig))):
         raise SaffuError("--num-processes trains random and explicit starts; train a residual or inherited start "
                          "in one process (--devices for several devices of one process)")
     writer = _join_processes(args)
@@ -257,8 +257,9 @@ def cmd_train(args) -> dict:
             data_parallel_mesh(args.devices or None) if args.devices != 1 else None)
     explicit_pass = start.init == "explicit" or start.residual is not None
     options = {name: getattr(args, name) for name in flags.TRAIN_OPTIONS}
-    spec = json.loads(json.dumps(flags.train_spec(start, config if config.kind != "residual" else config.base,
-                                                  train_config, options), default=str))   # as train.json holds it
+    model = config.base if isinstance(config, configs.ResidualConfig) else config    # a residual: what it trains
+    # the spec as train.json holds it
+    spec = json.loads(json.dumps(flags.train_spec(start, model, train_config, options), default=str))
     _same_training(run, spec)
     if writer:          # the run's spec: how it was trained (saffu train --config reads it back)
         import shlex
@@ -397,8 +398,8 @@ def cmd_harness(args) -> dict:
     metrics = {}
     for task, figures in results.items():
         for key, value in figures.items():
-            name, _, kind = key.partition(",")
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and kind == "none":
+            name, _, harness_filter = key.partition(",")      # lm-eval's "acc,none": the metric, its filter
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and harness_filter == "none":
                 metrics[f"{task}_{name}"] = value
     return _print_metrics(f"lm-evaluation-harness on {args.run}", metrics)
 

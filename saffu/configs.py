@@ -18,39 +18,52 @@ from saffu._io import SaffuError
 STRUCTURES = ("dense", "lowrank", "blockdense", "blockshuffle")   # dense-layer structures, saffu.models.structured
 
 
-def structure_size(kind: str, n_in: int, n_out: int, share: float, blocks: int = 4) -> int:
-    """The inner size of ``kind`` within ``share`` of ``n_in·n_out`` weights: the rank ``r``
-    (``lowrank``; ``blockdense``, a multiple of ``blocks``) or the hidden width ``h = blocks²·c``
-    (``blockshuffle``); ``n_out`` for ``dense``. At least one block's worth."""
-    if kind not in STRUCTURES:
-        raise SaffuError(f"unknown structure {kind!r}; choose from {', '.join(STRUCTURES)}")
-    if not 0 < share <= 1:
-        raise SaffuError(f"a structure's parameter share must be in (0, 1], not {share}")
-    budget = share * n_in * n_out
-    if kind == "dense":
-        return n_out
-    if kind == "lowrank":
-        return max(1, int(budget // (n_in + n_out)))
-    if blocks < 1 or n_in % blocks or (kind == "blockshuffle" and n_out % blocks):
-        raise SaffuError(f"{kind} needs the layer's sizes ({n_in} → {n_out}) divisible by its {blocks} blocks")
-    if kind == "blockdense":
-        return blocks * max(1, int(budget // (n_in / blocks + n_out) // blocks))
+def _blocks_divide(structure: str, n_in: int, n_out: int, blocks: int, outputs: bool) -> None:
+    """One error line unless ``blocks`` divides the layer's input (and, ``outputs``, output) size."""
+    if blocks < 1 or n_in % blocks or (outputs and n_out % blocks):
+        raise SaffuError(f"{structure} needs the layer's sizes ({n_in} → {n_out}) divisible by its {blocks} blocks")
+
+
+def _blockdense_size(budget: float, n_in: int, n_out: int, blocks: int) -> int:
+    _blocks_divide("blockdense", n_in, n_out, blocks, outputs=False)
+    return blocks * max(1, int(budget // (n_in / blocks + n_out) // blocks))
+
+
+def _blockshuffle_size(budget: float, n_in: int, n_out: int, blocks: int) -> int:
+    _blocks_divide("blockshuffle", n_in, n_out, blocks, outputs=True)
     return blocks * blocks * max(1, int(budget * blocks / (n_in + n_out) // (blocks * blocks)))
 
 
-def factor_shapes(kind: str, n_in: int, n_out: int, size: int, blocks: int = 4) -> dict[str, tuple[int, ...]]:
-    """Shapes of ``kind``'s factors at inner size ``size`` (see :func:`structure_size`)."""
+#: Each structure's inner size within a weight budget, ``(budget, n_in, n_out, blocks) -> size``.
+_SIZE = {"dense": lambda budget, n_in, n_out, blocks: n_out,
+         "lowrank": lambda budget, n_in, n_out, blocks: max(1, int(budget // (n_in + n_out))),
+         "blockdense": _blockdense_size, "blockshuffle": _blockshuffle_size}
+
+
+def structure_size(structure: str, n_in: int, n_out: int, share: float, blocks: int = 4) -> int:
+    """The inner size of ``structure`` within ``share`` of ``n_in·n_out`` weights: the rank ``r``
+    (``lowrank``; ``blockdense``, a multiple of ``blocks``) or the hidden width ``h = blocks²·c``
+    (``blockshuffle``); ``n_out`` for ``dense``. At least one block's worth."""
+    if structure not in _SIZE:
+        raise SaffuError(f"unknown structure {structure!r}; choose from {', '.join(STRUCTURES)}")
+    if not 0 < share <= 1:
+        raise SaffuError(f"a structure's parameter share must be in (0, 1], not {share}")
+    return _SIZE[structure](share * n_in * n_out, n_in, n_out, blocks)
+
+
+def factor_shapes(structure: str, n_in: int, n_out: int, size: int, blocks: int = 4) -> dict[str, tuple[int, ...]]:
+    """Shapes of ``structure``'s factors at inner size ``size`` (see :func:`structure_size`)."""
     b = blocks
     return {"dense": {"kernel": (n_in, n_out)},
             "lowrank": {"down": (n_in, size), "up": (size, n_out)},
             "blockdense": {"blocks": (b, n_in // b, size // b), "up": (size, n_out)},
-            "blockshuffle": {"first": (b, n_in // b, size // b), "second": (b, size // b, n_out // b)}}[kind]
+            "blockshuffle": {"first": (b, n_in // b, size // b), "second": (b, size // b, n_out // b)}}[structure]
 
 
-def structure_params(kind: str, n_in: int, n_out: int, share: float, blocks: int = 4) -> int:
-    """Weights of ``kind`` (bias excluded) within ``share`` of a dense ``n_in × n_out`` layer."""
-    size = structure_size(kind, n_in, n_out, share, blocks)
-    return sum(math.prod(shape) for shape in factor_shapes(kind, n_in, n_out, size, blocks).values())
+def structure_params(structure: str, n_in: int, n_out: int, share: float, blocks: int = 4) -> int:
+    """Weights of ``structure`` (bias excluded) within ``share`` of a dense ``n_in × n_out`` layer."""
+    size = structure_size(structure, n_in, n_out, share, blocks)
+    return sum(math.prod(shape) for shape in factor_shapes(structure, n_in, n_out, size, blocks).values())
 
 
 def guide_alpha(step: int, guide_steps: int) -> float | None:
@@ -85,6 +98,8 @@ COMPUTE_DTYPES = ("float32", "bfloat16")
 #: The transformer's blocks (:attr:`TransformerConfig.block`).
 BLOCKS = ("gpt", "llama")
 SMOOTHING_KINDS = ("dirichlet", "additive", "noise")
+#: The strength each smoothing reads, which must be positive: Dirichlet's μ, the pseudo-count α.
+SMOOTHING_STRENGTH = {"dirichlet": "mu", "additive": "alpha", "noise": "alpha"}
 VALUE_FORMS = ("linear", "log")
 #: Targets per evaluation window of every model (``eval_seq_len``; the transformer's fewer when
 #: its ``max_len`` is shorter).
@@ -164,12 +179,11 @@ class Smoothing:
     seed: int = 0
 
     def __post_init__(self):
-        if self.kind not in SMOOTHING_KINDS:
+        strength = SMOOTHING_STRENGTH.get(self.kind)
+        if strength is None:
             raise SaffuError(f"unknown smoothing {self.kind!r}; choose one of {', '.join(SMOOTHING_KINDS)}")
-        if self.kind == "dirichlet" and not self.mu > 0:
-            raise SaffuError(f"Dirichlet smoothing needs mu > 0 (got {self.mu})")
-        if self.kind in ("additive", "noise") and not self.alpha > 0:
-            raise SaffuError(f"{self.kind} smoothing needs alpha > 0 (got {self.alpha})")
+        if not getattr(self, strength) > 0:
+            raise SaffuError(f"{self.kind} smoothing needs {strength} > 0 (got {getattr(self, strength)})")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -849,13 +863,13 @@ class ResidualConfig:
             raise SaffuError(f"residual scale must be one of {', '.join(RESIDUAL_SCALES)}, got {self.scale!r}")
         if not 0 < self.anneal_share <= 1:
             raise SaffuError(f"the residual's anneal share must be in (0, 1], got {self.anneal_share}")
-        if getattr(self.base, "kind", None) not in ("transformer", "saffu", "factorised"):
+        if not isinstance(self.base, (TransformerConfig, SaffuConfig, FactorisedConfig)):
             raise SaffuError(f"the residual's trainable part must be a transformer, SAFFU or factorised model, "
                              f"got {getattr(self.base, 'kind', self.base)!r}")
         if getattr(self.base, "guide_share", 0):
             raise SaffuError("self-guided training is not wired through an explicit residual; train the residual's "
                              "structured transformer plainly (--self-guided 0)")
-        if getattr(self.explicit, "kind", None) != "exact":
+        if not isinstance(self.explicit, ExactConfig):
             raise SaffuError("the residual's explicit part must be an exact model (`saffu exact`)")
         if self.base.vocab_size != self.explicit.vocab_size:
             raise SaffuError(f"the trainable model has {self.base.vocab_size:,} tokens but the explicit one "

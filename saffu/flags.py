@@ -281,7 +281,7 @@ def train_spec(start, model, train, options: dict) -> dict:
     ``start`` (:class:`~saffu.configs.StartConfig`), ``model`` (its kind and the fields its flags
     set), ``train`` (:class:`~saffu.configs.TrainConfig`) and ``options`` (:data:`TRAIN_OPTIONS`)."""
     kind = getattr(model, "kind", None)
-    fields = MODEL[kind][1] if kind in MODEL else ()
+    fields = MODEL.get(kind, (None, ()))[1]
     return {"start": dataclasses.asdict(start), "model": {"kind": kind, **{f: getattr(model, f) for f in fields}},
             "train": dataclasses.asdict(train), "options": dict(options)}
 
@@ -315,10 +315,11 @@ def spec_defaults(path: Path) -> dict:
     take("options", TRAIN_OPTIONS)
     take("eval", ("eval_tokens",), configs.EvalConfig)
     kind = spec.get("model", {}).get("kind") or spec.get("start", {}).get("model")
-    if spec.get("model") and kind not in MODEL:
+    model = MODEL.get(kind)
+    if spec.get("model") and model is None:
         raise SaffuError(f"--config {path}: model.kind must be one of {', '.join(MODEL)}, not {kind!r}")
-    if kind in MODEL:
-        cls, fields, rename = MODEL[kind]
+    if model is not None:
+        cls, fields, rename = model
         take("model", fields, cls, rename, skip=("kind", "vocab_size"))
         defaults["model"] = kind
     return defaults
@@ -630,7 +631,7 @@ def dotted_flag(setting: str, kind: str) -> str:
     settings those of model ``kind``; one error line for a setting ``saffu train`` does not have."""
     section, _, name = setting.partition(".")
     fields, rename = {"start": ((*START, "ffn_from"), None), "train": (TRAIN, None), "options": (TRAIN_OPTIONS, None),
-                      "eval": (("eval_tokens",), None), "model": MODEL[kind][1:] if kind in MODEL else ((), None)}.get(
+                      "eval": (("eval_tokens",), None), "model": MODEL.get(kind, (None, (), None))[1:]}.get(
         section, ((), None))
     if name not in fields:
         raise SaffuError(f"--{setting} is not a setting of saffu train: write --SECTION.SETTING, SECTION one of "

@@ -131,12 +131,14 @@ def run_layers_before_lazy(reference_run: Path, workdir, progress: bool = False,
     inherits. ``None`` for another kind (the inheritance recipe says what it must be)."""
     from saffu.eval.attention import inspect_attention
     from saffu.eval.attention import layers_before_lazy as before_lazy
+    from saffu.models.interface import kind_of
     from saffu.training.checkpoints import check_inputs, load_params
     reference = check_inputs(reference_run, workdir)
-    if reference.kind not in ("transformer", "saffu"):
+    depth = kind_of(reference).depth
+    if depth is None:
         return None
     profile = inspect_attention(load_params(reference_run, reference)[0], reference, workdir.tokens("dev"),
                                 progress=progress)
-    layers = before_lazy(profile, reference.layers if reference.kind == "transformer" else reference.blocks)
+    layers = before_lazy(profile, getattr(reference, depth))
     say(f"the reference's lazy layers: {profile['lazy_layers'] or 'none'}; inheriting {layers} blocks")
     return layers

@@ -19,3 +19,32 @@ def test_no_test_imports_an_experiment_or_edits_the_import_path():
                     and node.value.id == "sys"):
                 found.append(f"{path.name}:{node.lineno}: sys.path")
     assert not found, "tests reach into experiments/:\n" + "\n".join(found)
+
+
+def _names_kind(node: ast.AST) -> bool:
+    """Whether ``node`` reads a ``kind``: ``kind``, ``x.kind``, ``getattr(x, "kind", …)``."""
+    return ((isinstance(node, ast.Name) and node.id == "kind") or (isinstance(node, ast.Attribute) and node.attr == "kind")
+            or (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
+                and len(node.args) > 1 and isinstance(node.args[1], ast.Constant) and node.args[1].value == "kind"))
+
+
+def _strings(node: ast.AST) -> bool:
+    """Whether ``node`` is a string literal, or a tuple, list or set of them."""
+    items = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+    return bool(items) and all(isinstance(item, ast.Constant) and isinstance(item.value, str) for item in items)
+
+
+def test_models_dispatch_through_the_registry_not_on_kind_strings():
+    """Outside the registry (saffu/models/interface.py, saffu/models/kinds.py), code asks a
+    config's :class:`~saffu.models.kinds.ModelKind` what the model does (or its class), and never
+    compares a ``kind`` (``config.kind == "transformer"``, ``kind in (...)``)."""
+    registry = {ROOT / "saffu/models/interface.py", ROOT / "saffu/models/kinds.py"}
+    found = []
+    for path in sorted((ROOT / "saffu").rglob("*.py")):
+        if path in registry:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Compare) and any(map(_names_kind, [node.left, *node.comparators]))
+                    and any(map(_strings, [node.left, *node.comparators]))):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not found, "kind compared outside the registry:\n" + "\n".join(found)

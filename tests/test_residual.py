@@ -20,7 +20,7 @@ from saffu.configs import (
     TransformerConfig,
 )
 from saffu.models.interface import model_init, model_logits, target_loss, window_loss
-from saffu.models.residual import base_params, with_explicit, zero_output
+from saffu.models.residual import base_params, with_explicit
 from saffu.models.transformer import explicit_transformer_init
 from saffu.solve.exact import solve_exact
 from saffu.solve.factors import solve_factorised
@@ -184,8 +184,8 @@ def test_residual_config_errors(exact_model):
                        explicit_config, "r")
     assert ResidualConfig(base, explicit_config, "r").fixed_params == ("explicit", "scale")
     assert ResidualConfig(base, explicit_config, "r", scale="learned").fixed_params == ("explicit",)
-    with pytest.raises(ValueError):
-        zero_output("bigram", {})
+    with pytest.raises(SaffuError, match="trainable part"):     # a solved model has no output layer to start at zero
+        ResidualConfig(explicit_config, explicit_config, "r")
 
 
 def test_explicit_init_keeps_the_random_tree_and_takes_the_factors(tiny_workdir):

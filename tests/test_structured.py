@@ -332,10 +332,10 @@ def test_cli_trains_a_self_guided_structured_transformer(tiny_workdir, tmp_path)
 
 
 def test_a_residual_over_a_structured_factorised_model_starts_at_zero():
-    from saffu.models.residual import zero_output
+    from saffu.models.factorised import zero_output
     config = FactorisedConfig(vocab_size=64, rank=16, positions=2, heads=1, radius=4, output="blockshuffle",
                               output_share=0.5)
-    params = zero_output("factorised", model_init(config, jax.random.key(0)))
+    params = zero_output(model_init(config, jax.random.key(0)))
     tokens = jnp.asarray(np.random.default_rng(0).integers(2, 64, (2, 10)), jnp.int32)
     assert float(jnp.abs(model_logits(config, params, tokens)).max()) == 0.0
     assert float(jnp.abs(params["output_factors"]["first"]).max()) > 0      # gradients can flow
@@ -369,8 +369,7 @@ def test_a_structured_saffu_chain_is_its_dense_chain_and_solves_in_closed_form(t
     structured chain's layers are the truncated SVD of the explicit dense chain's (block 0, which
     reads nothing solved); a residual over it starts at zero; sizes and FLOPs follow the budget."""
     from saffu.configs import SaffuConfig, SolverConfig
-    from saffu.models.residual import zero_output
-    from saffu.models.saffu import init_params, saffu_logits
+    from saffu.models.saffu import init_params, saffu_logits, zero_output
     from saffu.solve.stack import solve_explicit
     shape = dict(vocab_size=tiny_workdir.vocab_size, bits=10, radius=3, hidden=11)
     dense, chain = SaffuConfig(**shape), SaffuConfig(**shape, chain="lowrank", chain_share=0.5)
@@ -395,7 +394,7 @@ def test_a_structured_saffu_chain_is_its_dense_chain_and_solves_in_closed_form(t
         r = chain.chain_size(layer)
         np.testing.assert_allclose(np.asarray(to_dense("lowrank", explicit_chain["blocks"][0][f"{layer}_factors"])),
                                    (U[:, :r] * S[:r]) @ Vt[:r], atol=1e-4 * np.abs(W).max())
-    zero = zero_output("saffu", explicit_chain)
+    zero = zero_output(explicit_chain)
     np.testing.assert_array_equal(np.asarray(saffu_logits(zero, chain, tokens)), 0.0)
     with pytest.raises(SaffuError, match="needs --hidden"):
         SaffuConfig(vocab_size=tiny_workdir.vocab_size, bits=10, chain="lowrank")

@@ -42,18 +42,27 @@ def conditional_probabilities(cooccurrence: np.ndarray, smoothing: Smoothing = S
         raise ValueError(f"co-occurrence must be 2-D [features, targets], got shape {F.shape}")
     if (F < 0).any() or not np.isfinite(F).all():
         raise SaffuError("co-occurrence statistics must be finite and non-negative")
-    if smoothing.kind == "dirichlet":
-        p = unigram_prior(F.sum(axis=0)) if prior is None else np.asarray(prior, np.float64)
-        if p.shape != (F.shape[1],) or (p <= 0).any():
-            raise SaffuError(f"prior must be positive with shape ({F.shape[1]},)")
-        p = p / p.sum()
-        return (F + smoothing.mu * p[None, :]) / (F.sum(axis=1, keepdims=True) + smoothing.mu)
-    if smoothing.kind == "noise":
-        noise = 1.0 - np.random.default_rng(smoothing.seed).random(F.shape)  # in (0, 1]
-        F = F + smoothing.alpha * noise
-    else:
-        F = F + smoothing.alpha
+    return _SMOOTHED[smoothing.kind](F, smoothing, prior)
+
+
+def _dirichlet(F: np.ndarray, smoothing: Smoothing, prior: np.ndarray | None) -> np.ndarray:
+    p = unigram_prior(F.sum(axis=0)) if prior is None else np.asarray(prior, np.float64)
+    if p.shape != (F.shape[1],) or (p <= 0).any():
+        raise SaffuError(f"prior must be positive with shape ({F.shape[1]},)")
+    p = p / p.sum()
+    return (F + smoothing.mu * p[None, :]) / (F.sum(axis=1, keepdims=True) + smoothing.mu)
+
+
+def _pseudo_counts(F: np.ndarray, smoothing: Smoothing, noisy: bool) -> np.ndarray:
+    noise = 1.0 - np.random.default_rng(smoothing.seed).random(F.shape) if noisy else 1.0   # in (0, 1]
+    F = F + smoothing.alpha * noise
     return F / F.sum(axis=1, keepdims=True)
+
+
+#: Each smoothing (``Smoothing.kind``): ``(F float64[N, M], smoothing, prior) -> rows``.
+_SMOOTHED = {"dirichlet": _dirichlet,
+             "additive": lambda F, smoothing, prior: _pseudo_counts(F, smoothing, noisy=False),
+             "noise": lambda F, smoothing, prior: _pseudo_counts(F, smoothing, noisy=True)}
 
 
 def explicit_softmax_weights(cooccurrence: np.ndarray, smoothing: Smoothing = Smoothing(),

@@ -40,9 +40,10 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from saffu._io import SaffuError
-from saffu.configs import InspectConfig
+from saffu.configs import InspectConfig, ResidualConfig
 from saffu.data.tokenizer import EOD_ID
 from saffu.data.windows import evenly_spaced_windows
+from saffu.models.interface import base_of, kind_of, traits
 from saffu.models.residual import base_params
 
 ENERGY = InspectConfig.energy
@@ -72,15 +73,10 @@ def top_column(matrix: np.ndarray) -> tuple[float, int]:
     return float(columns[column] / total), column
 
 
-def _model(config):
-    """The model whose attention counts: the trainable part ``f_θ`` of an explicit residual."""
-    return config.base if config.kind == "residual" else config
-
-
 def has_attention(config) -> bool:
-    """Whether :func:`mean_attention` has anything to average for a model of ``config``."""
-    model = _model(config)
-    return model.kind in ("transformer", "saffu") or (model.kind == "factorised" and model.heads > 0)
+    """Whether :func:`mean_attention` has anything to average for a model of ``config`` (of an
+    explicit residual, its trainable part ``f_θ``)."""
+    return traits(config).attends(base_of(config))
 
 
 def first_visible(tokens: jax.Array) -> jax.Array:
@@ -93,11 +89,7 @@ def first_visible(tokens: jax.Array) -> jax.Array:
 def _offset_layers(params, config, tokens: jax.Array):
     """Per layer of an offset model (SAFFU stack or factorised), its heads' attention
     ``[B, S, M_h]`` and the offsets' visibility ``bool[B, S, M]``."""
-    if config.kind == "saffu":
-        from saffu.models.saffu import saffu_attention
-        return saffu_attention(params, config, tokens)
-    from saffu.models.factorised import factorised_attention
-    return factorised_attention(params, config, tokens)
+    return kind_of(config).attention(params, config, tokens)
 
 
 @functools.partial(jax.jit, static_argnums=1)
@@ -105,13 +97,12 @@ def _summed(params, config, tokens: jax.Array, weights: jax.Array):
     """Per layer, per head: the attention of ``tokens int32[B, S]`` summed over the batch with
     ``weights float32[B]``, ``[S, S]`` (transformer) or ``[S, M_h]`` with the invisible offsets
     zeroed (offset models); and the summed mass on each query's first visible key."""
-    if config.kind == "residual":
+    if isinstance(config, ResidualConfig):
         params, config = base_params(params, config), config.base
     first = first_visible(tokens)                                               # [B, S]
-    if config.kind == "transformer":
-        from saffu.models.transformer import transformer_attention
+    if kind_of(config).attends_by == "keys":
         maps, starts = [], []
-        for a in transformer_attention(params, config, tokens):                 # [B, H, S, S]
+        for a in kind_of(config).attention(params, config, tokens):                 # [B, H, S, S]
             on_first = jnp.take_along_axis(a, first[:, None, :, None], axis=-1)[..., 0]
             maps.append(list(jnp.einsum("b,bhqk->hqk", weights, a)))
             starts.append(list(jnp.einsum("b,bhq->h", weights, on_first)))
@@ -160,7 +151,7 @@ def attention_summary(params, config, windows: np.ndarray, batch_size: int = 16,
         summed = jax.tree.map(lambda x: np.asarray(x, np.float64), summed)
         totals = summed if totals is None else jax.tree.map(np.add, totals, summed)
     maps, starts = totals
-    absolute = _model(config).kind == "transformer"
+    absolute = traits(config).attends_by == "keys"
     maps = [[head / N if absolute else _absolute(head / N, S) for head in layer] for layer in maps]
     return maps, [[float(mass) / (N * S) for mass in layer] for layer in starts]
 
@@ -175,7 +166,7 @@ def mean_attention(params, config, windows: np.ndarray, batch_size: int = 16,
 def _offset_sums(params, config, tokens: jax.Array, weights: jax.Array):
     """Per layer, per head of an offset model: over the queries that see every offset of the
     head, the attention summed per offset ``[M_h]``, the summed top weight and the query count."""
-    if config.kind == "residual":
+    if isinstance(config, ResidualConfig):
         params, config = base_params(params, config), config.base
     layers = _offset_layers(params, config, tokens)
     sums = []
@@ -197,8 +188,8 @@ def offset_profile(params, config, windows: np.ndarray, batch_size: int = 16) ->
     ``δ = 0 … M_h − 1`` (``mean_by_offset``, sums to 1) and the mean of each query's largest weight
     (``mean_top_weight``: ``1/M_h`` for uniform attention, 1 when collapsed onto one offset); per
     layer, ``mean_top_weight`` the largest over its heads."""
-    model = _model(config)
-    if model.kind not in ("saffu", "factorised") or not getattr(model, "heads", 0):
+    model = base_of(config)
+    if traits(config).attends_by != "offsets" or not getattr(model, "heads", 0):
         raise SaffuError(f"a {model.kind} model does not attend over offsets")
     windows = np.asarray(windows)
     if windows.ndim != 2 or len(windows) == 0:
@@ -273,7 +264,7 @@ def inspect_attention(params, config, stream: np.ndarray, windows: int = Inspect
     maps, first_shares = attention_summary(params, config, np.asarray(batch), batch_size,
                                            progress="attention" if progress else None)
     profile = attention_profile(maps, energy, lazy_rank, first_shares)
-    if _model(config).kind in ("saffu", "factorised"):
+    if traits(config).attends_by == "offsets":
         profile["offsets"] = offset_profile(params, config, np.asarray(batch), batch_size)
     visible = np.arange(batch.shape[1])[None, :] - np.asarray(first_visible(batch)) + 1     # keys a query sees
     return {**profile, "windows": int(batch.shape[0]), "window_tokens": int(batch.shape[1]),

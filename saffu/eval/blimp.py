@@ -35,7 +35,7 @@ from saffu._io import SaffuError
 from saffu.configs import EVAL_SEQ_LEN
 from saffu.data.tokenizer import EOD_ID, PAD_ID
 from saffu.data.windows import length_buckets
-from saffu.models.interface import positional, target_nll
+from saffu.models.interface import base_of, positional, target_nll, traits
 from saffu.models.saffu import Params, SaffuConfig
 
 
@@ -97,8 +97,7 @@ def document_local(config) -> bool:
     not of the transformer (learned absolute positions). Such a model can score many
     sentences packed into one row, ``<eod> s₁ <eod> s₂ …``, each with the same inputs as
     alone (equal up to float rounding). The exact model, and a residual over a SAFFU stack, are too."""
-    kind = getattr(config, "kind", None)
-    return kind in ("saffu", "exact") or (kind == "residual" and document_local(config.base))
+    return traits(config).document_local
 
 
 def _packed_rows(lengths: np.ndarray, width: int) -> list[list[int]]:
@@ -155,7 +154,7 @@ def sentence_log_probs(params: Params, config: SaffuConfig, tokenizer, sentences
     context, call_positions = (1, POSITIONED_CALL) if layout == "positioned" else (R, CALL_POSITIONS)
     longest = int(lengths.max(initial=0))
     if layout == "positioned":
-        max_len = config.max_len if config.kind == "transformer" else config.base.max_len
+        max_len = base_of(config).max_len
         if R + longest > max_len:
             raise SaffuError(f"a sentence of {longest} tokens after {R} of context is longer than the "
                              f"transformer's max_len {max_len}")

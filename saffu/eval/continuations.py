@@ -24,9 +24,10 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from saffu._io import SaffuError
+from saffu.configs import TransformerConfig
 from saffu.data.tokenizer import PAD_ID
 from saffu.data.windows import length_buckets
-from saffu.models.interface import target_logits
+from saffu.models.interface import base_of, target_logits
 
 #: Token positions per call (rows × width); on CPU calls of a few thousand positions run
 #: faster per token than larger ones (``experiments/bench_scoring.py``).
@@ -39,8 +40,8 @@ UNBOUNDED = 4096
 def max_tokens(config) -> int:
     """Tokens (context and continuation) one row holds after its ``R − 1`` pads: the
     transformer's ``max_len − R + 1`` (a residual's over one: its base's), :data:`UNBOUNDED` otherwise."""
-    base = config.base if getattr(config, "kind", None) == "residual" else config
-    if getattr(base, "kind", None) == "transformer":
+    base = base_of(config)
+    if isinstance(base, TransformerConfig):
         return base.max_len - config.context + 1
     return UNBOUNDED
 

@@ -81,13 +81,15 @@ def bound_text(value: float, kind: str) -> str:
     """A multiplier as tables print it, two decimals: ``"2.35×"`` when :data:`MEASURED`, a
     :data:`LOWER_BOUND` rounded down (``"≥ 1.99×"``) and an :data:`UPPER_BOUND` rounded up
     (``"≤ 1.01×"``), so a printed bound still holds."""
-    if kind == LOWER_BOUND:
-        return f"≥ {math.floor(value * 100) / 100:.2f}×"
-    if kind == UPPER_BOUND:
-        return f"≤ {math.ceil(value * 100) / 100:.2f}×"
-    if kind != MEASURED:
+    if kind not in _PRINTED:
         raise SaffuError(f"a multiplier's kind is {MEASURED!r}, {LOWER_BOUND!r} or {UPPER_BOUND!r}, not {kind!r}")
-    return f"{value:.2f}×"
+    return _PRINTED[kind](value)
+
+
+#: How :func:`bound_text` prints a multiplier of each kind (a bound rounded so that it still holds).
+_PRINTED = {MEASURED: lambda value: f"{value:.2f}×",
+            LOWER_BOUND: lambda value: f"≥ {math.floor(value * 100) / 100:.2f}×",
+            UPPER_BOUND: lambda value: f"≤ {math.ceil(value * 100) / 100:.2f}×"}
 
 
 def steps_to_reach(curve: Sequence[tuple[float, float]], target: float) -> float | None:

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from saffu._io import SaffuError
-from saffu.configs import GenerateConfig
+from saffu.configs import GenerateConfig, TransformerConfig
 from saffu.data.tokenizer import EOD_ID, PAD_ID, decode
 from saffu.data.windows import total_nll
 from saffu.data.workdir import WorkDir
@@ -137,7 +137,7 @@ def cached(config, positions: int) -> bool:
     """Whether :func:`generate` samples ``config`` with the key/value cache: a dense transformer
     whose ``max_len`` holds the ``positions`` (start and new tokens) after its ``context − 1``
     leading ones; else by whole windows."""
-    return (getattr(config, "kind", None) == "transformer" and config.ffn == "dense" and not config.guide_share
+    return (isinstance(config, TransformerConfig) and config.ffn == "dense" and not config.guide_share
             and config.context - 1 + positions <= config.max_len)
 
 

@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from saffu._io import FILE_MODE, SaffuError, atomic_write_json, probe_writable
+from saffu.configs import ResidualConfig, TransformerConfig
 from saffu.data.tokenizer import EOD_ID, EOD_TOKEN, PAD_ID, PAD_TOKEN
 from saffu.models.transformer import ROPE_BASE
 
@@ -46,10 +47,10 @@ RMS_NORM_EPSILON = 1e-6
 
 def exportable(config) -> None:
     """One :class:`SaffuError` line when ``config`` cannot be written as GPT-2."""
-    if config.kind == "residual":
+    if isinstance(config, ResidualConfig):
         raise SaffuError("a residual run is its exact tables plus a transformer; it has no plain-model form to "
                          "export (export a transformer run, trained without --residual)")
-    if config.kind != "transformer":
+    if not isinstance(config, TransformerConfig):
         raise SaffuError(f"a {config.kind} run has no Hugging Face architecture; export a transformer run")
     if config.output_bias:
         raise SaffuError("this transformer's output layer has a bias, which GPT-2 and Llama lack; train it with "

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from saffu._io import SaffuError
+from saffu.configs import ExactConfig
 from saffu.interop.init import Selector, _locate
 from saffu.models.interface import model_logits
 
@@ -43,7 +44,7 @@ class ExplicitResidual:
 
     def __init__(self, apply: Callable, exact_config, tables: Any, scale: float = 1.0,
                  id_map: np.ndarray | None = None):
-        if getattr(exact_config, "kind", None) != "exact":
+        if not isinstance(exact_config, ExactConfig):
             raise SaffuError("the residual's explicit part must be an exact model (`saffu exact`)")
         self.apply, self.exact_config, self.scale = apply, exact_config, float(scale)
         self.tables = jax.tree.map(jnp.asarray, tables)
@@ -54,7 +55,7 @@ class ExplicitResidual:
         """The residual over a ``saffu exact`` run (its tables checked against its fingerprint)."""
         from saffu.training.checkpoints import load_explicit, load_run_config
         config = load_run_config(run)
-        if config.kind != "exact":
+        if not isinstance(config, ExactConfig):
             raise SaffuError(f"{run} holds a {config.kind}; the residual needs a `saffu exact` run")
         return cls(apply, config, load_explicit(run, config), scale, id_map)
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from saffu.configs import BigramConfig, CipherConfig, Params
 from saffu.engine.codes import bit_cipher_codes
+from saffu.models.kinds import ModelKind
 
 
 def bigram_logits(params: Params, tokens: jax.Array) -> jax.Array:
@@ -55,3 +56,7 @@ def random_bigram(config: BigramConfig, vocab_size: int, key: jax.Array, scale: 
     cipher: CipherConfig = dataclasses.replace(config.cipher, background=0.0)
     codes = jnp.asarray(bit_cipher_codes(vocab_size, cipher), jnp.float32)
     return {"codes": codes, "weights": scale * jax.random.normal(key, (cipher.dim, vocab_size), jnp.float32)}
+
+
+KIND = ModelKind("bigram", BigramConfig, lambda params, config, tokens: bigram_logits(params, tokens),
+                 from_fields=lambda fields: BigramConfig(**{k: v for k, v in fields.items() if k != "kind"}))

@@ -48,6 +48,7 @@ import numpy as np
 
 from saffu.configs import ExactConfig, Params
 from saffu.data.tokenizer import EOD_ID, PAD_ID
+from saffu.models.kinds import ModelKind
 
 
 def document_contexts(tokens: jax.Array, radius: int) -> jax.Array:
@@ -203,3 +204,27 @@ def compact_tables(params: Params) -> Params:
         group["sparse_slots"] = jnp.arange(columns.shape[1], dtype=jnp.int32)
         groups.append(group)
     return {**params, "groups": groups}
+
+
+def exact_target_logits(params: Params, config: ExactConfig, tokens: jax.Array, context: int,
+                        base: jax.Array | None = None, scale: jax.Array | float = 1.0) -> jax.Array:
+    """The exact model's logits predicting ``tokens[:, context:]`` (its prediction at ``p``
+    reads only ``tokens[p − config.context + 1 … p]`` inside its document): run on that slice of
+    the window alone (``<pad>`` on the left where the window holds fewer tokens of context), its
+    ``V``-wide rows at the predicting positions only: ``float32[B, S − context, V]``; with
+    ``base`` (that shape) and ``scale``, ``base + scale · logits``."""
+    radius = config.context
+    head = tokens[:, max(context - radius, 0):-1]
+    if radius > context:
+        head = jnp.pad(head, ((0, 0), (radius - context, 0)), constant_values=PAD_ID)
+    return exact_logits(params, config, head, first=radius - 1, base=base, scale=scale)
+
+
+KIND = ModelKind(
+    "exact", ExactConfig, exact_logits,
+    # JSON lists back to the hashable tuples of the config
+    from_fields=lambda fields: ExactConfig(**{**fields, "groups": tuple(tuple(g) for g in fields["groups"]),
+                                              "buckets": tuple(fields["buckets"])}),
+    target_logits=lambda params, config, windows, context, positions=None: exact_target_logits(
+        params, config, windows, context),
+    document_local=True, solve_command="saffu exact", exact_tables=lambda config: True)

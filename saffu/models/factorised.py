@@ -34,7 +34,8 @@ from saffu._io import SaffuError
 from saffu.configs import FactorisedConfig, Params
 from saffu.data.tokenizer import PAD_ID
 from saffu.models.exact import document_contexts
-from saffu.models.structured import apply_structure, from_dense, structure_size
+from saffu.models.kinds import ModelKind
+from saffu.models.structured import apply_structure, from_dense, structure_size, zero_last_factor
 
 
 def init_params(config: FactorisedConfig, key: jax.Array, scale: float = 0.02) -> Params:
@@ -120,3 +121,17 @@ def factorised_logits(params: Params, config: FactorisedConfig, tokens: jax.Arra
         alpha = params["guide_alpha"]
         logits = alpha * (h @ params["output_guide"]) + (1 - alpha) * logits
     return logits + params["output_bias"][None, None, :]
+
+
+def zero_output(params: Params) -> Params:
+    """``params`` (a copy) with ``output_bias`` and ``output_weights`` (or a structured output's
+    last factor) at zero, so the logits are exactly 0."""
+    params = {**params, "output_bias": jnp.zeros_like(params["output_bias"])}
+    zero_last_factor(params)
+    return params
+
+
+KIND = ModelKind(
+    "factorised", FactorisedConfig, factorised_logits, init=init_params, zero_output=zero_output, radius=True,
+    attention=factorised_attention, attends_by="offsets", attends=lambda config: config.heads > 0,
+    solve_command="saffu factorise", drop_guide=drop_output_guide)

@@ -15,9 +15,11 @@ static jit argument — naming its ``kind`` and giving
   ``guide_alpha``) merged into the params of that training step, and ``step_forward_flops(seq_len,
   inputs)``: the forward FLOPs of a step with those inputs.
 
-The code of a kind is found here, by the config's ``kind`` (:data:`KINDS`); a model of a kind
-this registry does not know (a third-party model trained by saffu's trainer) brings its own
-``init(key)`` and ``logits(params, tokens)`` methods, which these functions call:
+The code of a kind is its record (:class:`saffu.models.kinds.ModelKind`), which each model
+module registers next to its code (``KIND``) and :data:`KINDS` collects; :func:`kind_of` finds a
+config's. A model of a kind this registry does not know (a third-party model trained by saffu's
+trainer) brings its own ``init(key)`` and ``logits(params, tokens)`` methods, which these
+functions call:
 
 * :func:`model_init` ``(config, key) -> params``: random init (cold start), a pytree of arrays;
 * :func:`model_logits` ``(config, params, tokens int32[B, S]) -> float[B, S, V]``: position ``p``
@@ -33,38 +35,83 @@ import jax.numpy as jnp
 import numpy as np
 
 from saffu._io import SaffuError
-from saffu.configs import BigramConfig, ExactConfig, FactorisedConfig, Params, ResidualConfig, SaffuConfig, TransformerConfig
-from saffu.data.tokenizer import PAD_ID
+from saffu.configs import Params, ResidualConfig
 from saffu.models import bigram, exact, factorised, residual, transformer
 from saffu.models import saffu as saffu_model
-from saffu.models.fused_loss import linear_nll_sum
-
-#: Every model kind: its config class, and (but the residual's, which wraps the others and
-#: imports this module) its random init and its logits, ``(params, config, tokens)``.
-KINDS = {"saffu": (SaffuConfig, saffu_model.init_params, saffu_model.saffu_logits),
-         "transformer": (TransformerConfig, transformer.transformer_init, transformer.transformer_logits),
-         "exact": (ExactConfig, None, exact.exact_logits),
-         "factorised": (FactorisedConfig, factorised.init_params, factorised.factorised_logits),
-         "bigram": (BigramConfig, None, lambda params, config, tokens: bigram.bigram_logits(params, tokens)),
-         "residual": (ResidualConfig, None, None)}
+from saffu.models.kinds import ModelKind
 
 
-def _kind(config) -> str:
-    """``config``'s registered kind, or ``"external"`` for a model that brings its own ``logits``."""
-    kind = getattr(config, "kind", None)
-    if kind in KINDS:
+def _external(config):
+    """The record of a model that brings its own ``init(key)`` and ``logits(params, tokens)``."""
+    return ModelKind("external", type(config), lambda params, config, tokens: config.logits(params, tokens),
+                     init=lambda config, key: config.init(key), target_logits=_no_positions)
+
+
+def _no_positions(params, config, windows, context, positions=None):
+    if positions is not None:
+        raise SaffuError("a model that brings its own logits cannot be given token positions")
+    return config.logits(params, windows)[:, context - 1:-1]
+
+
+def _residual_fields(fields: dict) -> ResidualConfig:
+    """A residual config from its ``dataclasses.asdict`` form: its two parts are configs of their own."""
+    return ResidualConfig(**{**fields, "base": config_from_dict(fields["base"]),
+                             "explicit": config_from_dict(fields["explicit"]),
+                             "fold_runs": tuple(fields.get("fold_runs", ())),
+                             "fold_sha256": tuple(fields.get("fold_sha256", ()))})
+
+
+def _residual_target_logits(params: Params, config: ResidualConfig, windows: jax.Array, context: int,
+                            positions: jax.Array | None = None) -> jax.Array:
+    trained = target_logits(residual.base_params(params, config), config.base, windows, context, positions)
+    if "scale" not in params:
+        return trained
+    # λ · e + f: the explicit part's log-softmax shifts each position's logits by a constant,
+    # which the NLL's own normalisation cancels (log-probabilities are unchanged); f is the
+    # buffer the explicit part is added into
+    return _explicit_target_logits(params, config, windows, context, trained.astype(jnp.float32))
+
+
+#: The explicit residual over another kind: it wraps the others, so its record lives here.
+RESIDUAL = ModelKind(
+    "residual", ResidualConfig,
+    lambda params, config, tokens: residual.residual_logits(params, config, tokens, model_logits),
+    init=lambda config, key: residual.residual_init(config, key, model_init, kind_of(config.base).zero_output),
+    from_fields=_residual_fields, target_logits=_residual_target_logits)
+
+#: Every model kind by name: each registered next to its code (``KIND`` in its module), and the residual.
+KINDS = {kind.name: kind for kind in (saffu_model.KIND, transformer.KIND, exact.KIND, factorised.KIND,
+                                      bigram.KIND, RESIDUAL)}
+
+
+def kind_of(config) -> ModelKind:
+    """``config``'s registered kind (:class:`~saffu.models.kinds.ModelKind`), or the record of a
+    model that brings its own ``init`` and ``logits`` methods (``name == "external"``)."""
+    kind = KINDS.get(getattr(config, "kind", None))
+    if kind is not None and isinstance(config, kind.config):
         return kind
     if callable(getattr(config, "logits", None)):
-        return "external"
+        return _external(config)
     raise SaffuError(f"not a model config: {type(config).__name__} (kinds: {', '.join(KINDS)}; or a model with "
                      f"its own init and logits methods)")
+
+
+def base_of(config):
+    """The model a residual trains (``f_θ``, its ``base``), or ``config`` itself: the model whose
+    architecture (positions, attention, document locality) a question about ``config`` is about."""
+    return config.base if isinstance(config, ResidualConfig) else config
+
+
+def traits(config) -> ModelKind:
+    """The kind of :func:`base_of` ``config``: what its predictions read (positions, documents)
+    and how it attends."""
+    return kind_of(base_of(config))
 
 
 def trainable(config) -> bool:
     """Whether a model kind has a random init (and so can be trained from one): all but the
     exact model and the bigram layer, which are solved."""
-    kind = _kind(config)
-    return kind in ("residual", "external") or KINDS[kind][1] is not None
+    return kind_of(config).init is not None
 
 
 def model_init(config, key: jax.Array) -> Params:
@@ -72,46 +119,25 @@ def model_init(config, key: jax.Array) -> Params:
     A residual's is its trainable part with the output layer at zero
     (:func:`saffu.models.residual.residual_init`; the explicit tables are added by
     :func:`~saffu.models.residual.with_explicit`)."""
-    kind = _kind(config)
-    if kind == "external":
-        return config.init(key)
-    if kind == "residual":
-        return residual.residual_init(config, key, model_init)        # the residual wraps the other kinds
-    init = KINDS[kind][1]
-    if init is None:
-        raise SaffuError(f"a {kind} model has no random init: it is solved (its explicit solution is its start)")
-    return init(config, key)
+    kind = kind_of(config)
+    if kind.init is None:
+        raise SaffuError(f"a {kind.name} model has no random init: it is solved (its explicit solution is its start)")
+    return kind.init(config, key)
 
 
 def model_logits(config, params: Params, tokens: jax.Array) -> jax.Array:
     """Logits of any model kind: ``tokens int32[B, S]`` -> ``float[B, S, V]``, position ``p``
     predicting token ``p + 1``."""
-    kind = _kind(config)
-    if kind == "external":
-        return config.logits(params, tokens)
-    if kind == "residual":
-        return residual.residual_logits(params, config, tokens, model_logits)
-    return KINDS[kind][2](params, config, tokens)
+    return kind_of(config).logits(params, config, tokens)
 
 
 def config_from_dict(fields: dict):
     """A model config from its ``dataclasses.asdict`` form (``kind`` names its class; no
     ``kind``: SAFFU, as runs saved before kinds were recorded)."""
-    kind = fields.get("kind", "saffu")
-    if kind not in KINDS:
-        raise SaffuError(f"unknown model kind {kind!r}; this saffu knows {', '.join(KINDS)}")
-    if kind == "residual":   # the two parts are configs of their own
-        fields = {**fields, "base": config_from_dict(fields["base"]), "explicit": config_from_dict(fields["explicit"]),
-                  "fold_runs": tuple(fields.get("fold_runs", ())), "fold_sha256": tuple(fields.get("fold_sha256", ()))}
-    if kind == "exact":     # JSON lists back to the hashable tuples of the config
-        fields = {**fields, "groups": tuple(tuple(g) for g in fields["groups"]), "buckets": tuple(fields["buckets"])}
-    if kind == "saffu" and "exact_positions" in fields:
-        fields = {**fields, "exact_positions": tuple(fields["exact_positions"])}
-    if kind == "bigram":
-        fields = {k: v for k, v in fields.items() if k != "kind"}
-    if kind == "transformer":   # runs saved before the llama block became the default are gpt blocks with a bias
-        fields = {"block": "gpt", "output_bias": True, **fields}
-    return KINDS[kind][0](**fields)
+    name = fields.get("kind", "saffu")
+    if name not in KINDS:
+        raise SaffuError(f"unknown model kind {name!r}; this saffu knows {', '.join(KINDS)}")
+    return KINDS[name].load(fields)
 
 
 def window_nll(params: Params, config, windows: jax.Array, mask: jax.Array) -> jax.Array:
@@ -137,22 +163,7 @@ def positional(config) -> bool:
     transformer, or a residual over one): its predictions change when a document moves inside
     the window unless each token's ``positions`` are passed. False for every other kind (a model
     that brings its own logits included: it takes no positions)."""
-    kind = _kind(config)
-    return kind == "transformer" or (kind == "residual" and positional(config.base))
-
-
-def _local_target_logits(params: Params, config: ExactConfig, tokens: jax.Array, context: int,
-                         base: jax.Array | None = None, scale: jax.Array | float = 1.0) -> jax.Array:
-    """The exact model's logits predicting ``tokens[:, context:]`` (its prediction at ``p``
-    reads only ``tokens[p − config.context + 1 … p]`` inside its document): run on that slice of
-    the window alone (``<pad>`` on the left where the window holds fewer tokens of context), its
-    ``V``-wide rows at the predicting positions only: ``float32[B, S − context, V]``; with
-    ``base`` (that shape) and ``scale``, ``base + scale · logits``."""
-    radius = config.context
-    head = tokens[:, max(context - radius, 0):-1]
-    if radius > context:
-        head = jnp.pad(head, ((0, 0), (radius - context, 0)), constant_values=PAD_ID)
-    return exact.exact_logits(params, config, head, first=radius - 1, base=base, scale=scale)
+    return traits(config).positional
 
 
 def _explicit_target_logits(params: Params, config, windows: jax.Array, context: int,
@@ -163,7 +174,7 @@ def _explicit_target_logits(params: Params, config, windows: jax.Array, context:
     training step) that fold's tables, chosen by ``lax.switch`` (only its lookup runs);
     otherwise the whole split's."""
     scale = params["scale"].astype(jnp.float32)
-    lookup = lambda tables, windows, trained, scale: _local_target_logits(
+    lookup = lambda tables, windows, trained, scale: exact.exact_target_logits(
         jax.tree.map(jax.lax.stop_gradient, tables), config.explicit, windows, context, trained, scale)
     if "fold" in params:
         branches = [lambda *args, tables=tables: lookup(tables, *args) for tables in params["folds"]]
@@ -182,22 +193,9 @@ def target_logits(params: Params, config, windows: jax.Array, context: int | Non
     ``positions int32[B, context + T]``: each token's absolute position for a :func:`positional`
     model (``None``: ``0 …``); ignored by the others, which read only a document's own tokens."""
     context = config.context if context is None else context
-    kind = _kind(config)
-    if kind == "transformer":
-        return transformer.transformer_logits(params, config, windows[:, :-1], positions=None if positions is None
-                                              else positions[:, :-1], predict_from=context - 1)
-    if kind == "exact":
-        return _local_target_logits(params, config, windows, context)
-    if kind == "residual":
-        trained = target_logits(residual.base_params(params, config), config.base, windows, context, positions)
-        if "scale" not in params:
-            return trained
-        # λ · e + f: the explicit part's log-softmax shifts each position's logits by a constant,
-        # which the NLL's own normalisation cancels (log-probabilities are unchanged); f is the
-        # buffer the explicit part is added into
-        return _explicit_target_logits(params, config, windows, context, trained.astype(jnp.float32))
-    if positions is not None and kind == "external":
-        raise SaffuError("a model that brings its own logits cannot be given token positions")
+    kind = kind_of(config)
+    if kind.target_logits is not None:
+        return kind.target_logits(params, config, windows, context, positions)
     return model_logits(config, params, windows)[:, context - 1:-1]
 
 
@@ -226,19 +224,11 @@ def target_loss(params: Params, config, windows: jax.Array, mask: jax.Array,
     rounding. ``dropout``: a training step's residual dropout (the transformer only);
     ``positions int32[B, R + T]``: each token's position, for a :func:`positional` model (as in
     :func:`target_logits`)."""
-    if dropout is not None and _kind(config) != "transformer":
-        raise SaffuError(f"dropout is a transformer's; a {_kind(config)} model trains without it (--dropout 0)")
-    if _kind(config) == "transformer":
-        context = config.context
-        h = transformer.transformer_features(params, config, windows[:, :-1], predict_from=context - 1,
-                                             dropout=dropout,
-                                             positions=None if positions is None else positions[:, :-1])
-        output = params["output"]
-        kernel = output["kernel"]
-        bias = output.get("bias", jnp.zeros(kernel.shape[1], kernel.dtype))
-        nll = linear_nll_sum(h.reshape(-1, h.shape[-1]), kernel, bias, windows[:, context:].reshape(-1),
-                             mask.reshape(-1).astype(jnp.float32))
-        return nll, jnp.sum(mask)
+    fused = kind_of(config).fused_loss
+    if fused is not None:
+        return fused(params, config, windows, mask, dropout, positions)
+    if dropout is not None:
+        raise SaffuError(f"dropout is a transformer's; a {kind_of(config).name} model trains without it (--dropout 0)")
     return jnp.sum(target_nll(params, config, windows, mask, positions=positions)), jnp.sum(mask)
 
 

@@ -29,47 +29,12 @@ from saffu.configs import Params, ResidualConfig
 from saffu.models.exact import compact_tables, exact_logits
 
 
-def zero_output(kind: str, params: Params) -> Params:
-    """``params`` of a ``kind`` model with the layer that produces its logits set to zero, so
-    the model's logits are exactly 0 (a copy; the other weights are untouched):
-    the transformer's ``output``, the factorised model's ``output_weights`` (or the last factor of
-    a structured one) and ``output_bias``,
-    SAFFU's last block's ``group_weights`` or ``output_weights`` (the last factor of a structured
-    chain) and ``output_bias``."""
-    params = jax.tree.map(lambda x: x, params)
-    if kind == "transformer":
-        params["output"] = jax.tree.map(jnp.zeros_like, params["output"])
-    elif kind == "factorised":
-        params["output_bias"] = jnp.zeros_like(params["output_bias"])
-        _zero_output_layer(params)
-    elif kind == "saffu":
-        last = params["blocks"][max(params["blocks"])]
-        last["output_bias"] = jnp.zeros_like(last["output_bias"])
-        if "group_weights" in last:
-            last["group_weights"] = jnp.zeros_like(last["group_weights"])
-        else:
-            _zero_output_layer(last)
-    else:
-        raise ValueError(f"no output layer known for a {kind!r} model")
-    return params
-
-
-def _zero_output_layer(params: Params) -> None:
-    """``output_weights`` at zero, or of a structured ``output_factors`` the last factor (the
-    first stays random, so gradients flow); in place."""
-    if "output_weights" in params:
-        params["output_weights"] = jnp.zeros_like(params["output_weights"])
-    else:
-        factors = params["output_factors"]
-        last = sorted(factors, key=("down", "blocks", "first", "up", "second").index)[-1]
-        params["output_factors"] = {**factors, last: jnp.zeros_like(factors[last])}
-
-
-def residual_init(config: ResidualConfig, key: jax.Array, base_init: Callable) -> Params:
+def residual_init(config: ResidualConfig, key: jax.Array, base_init: Callable, zero_output: Callable) -> Params:
     """The trainable part at step 0: ``f_θ`` randomly initialised (``base_init(config.base,
-    key)``, :func:`saffu.models.interface.model_init`) with its output layer at zero, and
+    key)``, :func:`saffu.models.interface.model_init`) with its output layer at zero
+    (``zero_output``, its kind's :attr:`~saffu.models.kinds.ModelKind.zero_output`), and
     ``λ = config.scale_init`` (annealed: no ``"scale"``; the trainer passes each step's ``λ``)."""
-    base = zero_output(config.base.kind, base_init(config.base, key))
+    base = zero_output(base_init(config.base, key))
     fixed = {name: base.pop(name) for name in getattr(config.base, "fixed_params", ()) if name in base}
     model = {"model": base, **fixed}       # f_θ's fixed inputs (SAFFU's codes) beside it, never trained
     if config.scale == "annealed":

@@ -45,7 +45,8 @@ from saffu.configs import CipherConfig, Params, SaffuConfig
 from saffu.data.tokenizer import EOD_ID, PAD_ID
 from saffu.engine.codes import bit_cipher_codes
 from saffu.models.exact import document_contexts, table_rows
-from saffu.models.structured import apply_structure, from_dense
+from saffu.models.kinds import ModelKind
+from saffu.models.structured import apply_structure, from_dense, zero_last_factor
 
 
 @functools.lru_cache(maxsize=4)
@@ -293,3 +294,30 @@ class Saffu(nnx.Module):
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
         return saffu_logits(self.params(), self.config, tokens)
+
+
+def zero_output(params: Params) -> Params:
+    """``params`` (a copy) with the last block's output layer at zero — its ``output_bias`` and its
+    ``group_weights`` or ``output_weights`` (the last factor of a structured chain) — so the
+    logits are exactly 0."""
+    params = jax.tree.map(lambda x: x, params)
+    last = params["blocks"][max(params["blocks"])]
+    last["output_bias"] = jnp.zeros_like(last["output_bias"])
+    if "group_weights" in last:
+        last["group_weights"] = jnp.zeros_like(last["group_weights"])
+    else:
+        zero_last_factor(last)
+    return params
+
+
+def _from_fields(fields: dict) -> SaffuConfig:
+    if "exact_positions" in fields:     # JSON lists back to the config's hashable tuples
+        fields = {**fields, "exact_positions": tuple(fields["exact_positions"])}
+    return SaffuConfig(**fields)
+
+
+KIND = ModelKind(
+    "saffu", SaffuConfig, saffu_logits, init=init_params, from_fields=_from_fields, zero_output=zero_output,
+    document_local=True, radius=True, depth="blocks", grows_by_solving=True, attention=saffu_attention,
+    attends_by="offsets", attends=lambda config: config.heads > 0, solve_command="saffu fit",
+    exact_tables=lambda config: bool(config.exact_positions))

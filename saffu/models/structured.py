@@ -45,6 +45,7 @@ __all__ = [
     "structure_params",
     "structure_size",
     "to_dense",
+    "zero_last_factor",
 ]
 
 FACTORS = {"dense": ("kernel",), "lowrank": ("down", "up"), "blockdense": ("blocks", "up"),
@@ -63,30 +64,43 @@ def _undeal(v: jax.Array, blocks: int) -> jax.Array:
     return jnp.swapaxes(v.reshape(v.shape[:-1] + (n // blocks, blocks)), -1, -2).reshape(v.shape)
 
 
-def apply_structure(kind: str, factors: Params, x: jax.Array) -> jax.Array:
-    """``x float[..., n_in] -> float[..., n_out]`` through ``kind``'s ``factors`` (no bias)."""
-    if kind == "dense":
-        return x @ factors["kernel"]
-    if kind == "lowrank":
-        return (x @ factors["down"]) @ factors["up"]
-    if kind == "blockdense":
-        b = factors["blocks"].shape[0]
-        inner = jnp.einsum("...bi,bir->...br", x.reshape(x.shape[:-1] + (b, -1)), factors["blocks"])
-        return inner.reshape(x.shape[:-1] + (-1,)) @ factors["up"]
-    if kind == "blockshuffle":
-        b = factors["first"].shape[0]
-        inner = jnp.einsum("...bi,bim->...bm", x.reshape(x.shape[:-1] + (b, -1)), factors["first"])
-        inner = _deal(inner.reshape(x.shape[:-1] + (-1,)), b)
-        out = jnp.einsum("...bm,bmo->...bo", inner.reshape(x.shape[:-1] + (b, -1)), factors["second"])
-        return _undeal(out.reshape(x.shape[:-1] + (-1,)), b)
-    raise SaffuError(f"unknown structure {kind!r}; choose from {', '.join(STRUCTURES)}")
+def _apply_blockdense(factors: Params, x: jax.Array) -> jax.Array:
+    b = factors["blocks"].shape[0]
+    inner = jnp.einsum("...bi,bir->...br", x.reshape(x.shape[:-1] + (b, -1)), factors["blocks"])
+    return inner.reshape(x.shape[:-1] + (-1,)) @ factors["up"]
 
 
-def to_dense(kind: str, factors: Params) -> jax.Array:
-    """The dense matrix ``float32[n_in, n_out]`` that ``kind``'s ``factors`` compute."""
-    first = factors[FACTORS[kind][0]]
-    n_in = first.shape[0] if kind in ("dense", "lowrank") else first.shape[0] * first.shape[1]
-    return apply_structure(kind, factors, jnp.eye(n_in, dtype=first.dtype))
+def _apply_blockshuffle(factors: Params, x: jax.Array) -> jax.Array:
+    b = factors["first"].shape[0]
+    inner = jnp.einsum("...bi,bim->...bm", x.reshape(x.shape[:-1] + (b, -1)), factors["first"])
+    inner = _deal(inner.reshape(x.shape[:-1] + (-1,)), b)
+    out = jnp.einsum("...bm,bmo->...bo", inner.reshape(x.shape[:-1] + (b, -1)), factors["second"])
+    return _undeal(out.reshape(x.shape[:-1] + (-1,)), b)
+
+
+#: Each structure's product ``(factors, x float[..., n_in]) -> float[..., n_out]``.
+_APPLY = {"dense": lambda factors, x: x @ factors["kernel"],
+          "lowrank": lambda factors, x: (x @ factors["down"]) @ factors["up"],
+          "blockdense": _apply_blockdense, "blockshuffle": _apply_blockshuffle}
+
+
+def _of(table: dict, structure: str):
+    """``table``'s entry for ``structure``; one error line naming the structures otherwise."""
+    if structure not in table:
+        raise SaffuError(f"unknown structure {structure!r}; choose from {', '.join(STRUCTURES)}")
+    return table[structure]
+
+
+def apply_structure(structure: str, factors: Params, x: jax.Array) -> jax.Array:
+    """``x float[..., n_in] -> float[..., n_out]`` through ``structure``'s ``factors`` (no bias)."""
+    return _of(_APPLY, structure)(factors, x)
+
+
+def to_dense(structure: str, factors: Params) -> jax.Array:
+    """The dense matrix ``float32[n_in, n_out]`` that ``structure``'s ``factors`` compute."""
+    first = factors[_of(FACTORS, structure)[0]]
+    n_in = first.shape[0] if first.ndim == 2 else first.shape[0] * first.shape[1]   # a block-diagonal's blocks
+    return apply_structure(structure, factors, jnp.eye(n_in, dtype=first.dtype))
 
 
 def _split_svd(W: jax.Array, rank: int) -> tuple[jax.Array, jax.Array]:
@@ -100,59 +114,80 @@ def _split_svd(W: jax.Array, rank: int) -> tuple[jax.Array, jax.Array]:
     return L, R
 
 
-def from_dense(kind: str, W: jax.Array, size: int, blocks: int = 4) -> Params:
-    """``kind``'s factors at inner size ``size`` set from the dense ``W float[n_in, n_out]`` by
-    SVD (see the module docstring); equal to ``W`` where each block's rank fits. Traceable
-    (``jnp.linalg.svd``), so it runs under ``jax.eval_shape`` and ``jit``."""
+def _lowrank_from(W: jax.Array, size: int, blocks: int) -> Params:
+    down, up = _split_svd(W, size)
+    return {"down": down, "up": up}
+
+
+def _blockdense_from(W: jax.Array, size: int, blocks: int) -> Params:
+    pieces = [_split_svd(rows, size // blocks) for rows in jnp.split(W, blocks, axis=0)]
+    return {"blocks": jnp.stack([L for L, _ in pieces]), "up": jnp.concatenate([R for _, R in pieces])}
+
+
+def _blockshuffle_from(W: jax.Array, size: int, blocks: int) -> Params:
+    # y = P y' with P the output shuffle f⁻¹; input block i reaches output block j of y'
+    # through the c inner units k ∈ [j·c, (j+1)·c) of its own block, which the shuffle puts
+    # at rows t = (k − j·c)·b + i of B₂'s block j: a rank-c product per (i, j) pair
     n_in, n_out = W.shape
     b = blocks
-    if kind == "dense":
-        return {"kernel": W}
-    if kind == "lowrank":
-        down, up = _split_svd(W, size)
-        return {"down": down, "up": up}
-    if kind == "blockdense":
-        pieces = [_split_svd(rows, size // b) for rows in jnp.split(W, b, axis=0)]
-        return {"blocks": jnp.stack([L for L, _ in pieces]), "up": jnp.concatenate([R for _, R in pieces])}
-    if kind == "blockshuffle":
-        # y = P y' with P the output shuffle f⁻¹; input block i reaches output block j of y'
-        # through the c inner units k ∈ [j·c, (j+1)·c) of its own block, which the shuffle puts
-        # at rows t = (k − j·c)·b + i of B₂'s block j: a rank-c product per (i, j) pair
-        m, c, a, o = size // b, size // (b * b), n_in // b, n_out // b
-        perm = np.arange(n_out).reshape(o, b).T.reshape(-1)      # f⁻¹ as a gather: y[p] = y'[perm[p]]
-        Wp = jnp.zeros_like(W).at[:, perm].set(W)                # the map onto y'
-        first = jnp.zeros((b, a, m), W.dtype)
-        second = jnp.zeros((b, m, o), W.dtype)
-        for i in range(b):
-            for j in range(b):
-                L, R = _split_svd(Wp[i * a:(i + 1) * a, j * o:(j + 1) * o], c)
-                first = first.at[i, :, j * c:(j + 1) * c].set(L)
-                second = second.at[j, np.arange(c) * b + i].set(R)
-        return {"first": first, "second": second}
-    raise SaffuError(f"unknown structure {kind!r}; choose from {', '.join(STRUCTURES)}")
+    m, c, a, o = size // b, size // (b * b), n_in // b, n_out // b
+    perm = np.arange(n_out).reshape(o, b).T.reshape(-1)      # f⁻¹ as a gather: y[p] = y'[perm[p]]
+    Wp = jnp.zeros_like(W).at[:, perm].set(W)                # the map onto y'
+    first = jnp.zeros((b, a, m), W.dtype)
+    second = jnp.zeros((b, m, o), W.dtype)
+    for i in range(b):
+        for j in range(b):
+            L, R = _split_svd(Wp[i * a:(i + 1) * a, j * o:(j + 1) * o], c)
+            first = first.at[i, :, j * c:(j + 1) * c].set(L)
+            second = second.at[j, np.arange(c) * b + i].set(R)
+    return {"first": first, "second": second}
+
+
+#: Each structure's factors set from a dense matrix, ``(W, size, blocks) -> factors``.
+_FROM_DENSE = {"dense": lambda W, size, blocks: {"kernel": W}, "lowrank": _lowrank_from,
+               "blockdense": _blockdense_from, "blockshuffle": _blockshuffle_from}
+
+
+def from_dense(structure: str, W: jax.Array, size: int, blocks: int = 4) -> Params:
+    """``structure``'s factors at inner size ``size`` set from the dense ``W float[n_in, n_out]`` by
+    SVD (see the module docstring); equal to ``W`` where each block's rank fits. Traceable
+    (``jnp.linalg.svd``), so it runs under ``jax.eval_shape`` and ``jit``."""
+    return _of(_FROM_DENSE, structure)(W, size, blocks)
+
+
+def zero_last_factor(params: Params) -> None:
+    """An output layer's ``output_weights`` at zero, or of a structured ``output_factors`` the last
+    factor (the first stays random, so gradients flow), in place: the logits it feeds are 0."""
+    if "output_weights" in params:
+        params["output_weights"] = jnp.zeros_like(params["output_weights"])
+    else:
+        factors = params["output_factors"]
+        last = sorted(factors, key=("down", "blocks", "first", "up", "second").index)[-1]
+        params["output_factors"] = {**factors, last: jnp.zeros_like(factors[last])}
 
 
 class StructuredLinear(nnx.Module):
-    """``x float[..., n_in] -> float[..., n_out]``: ``kind``'s structure plus a dense bias, its
+    """``x float[..., n_in] -> float[..., n_out]``: ``structure`` plus a dense bias, its
     factors the SVD (:func:`from_dense`) of a random dense kernel drawn like ``nnx.Linear``'s
     (LeCun normal), as Wei et al. initialise. With ``guided``, that dense kernel stays as the
     guide ``W`` (param ``guide``): called with ``alpha``, ``y = α·xW + (1 − α)·S(x) + b``;
     called without, the structure alone (the guide is not read)."""
 
-    def __init__(self, n_in: int, n_out: int, kind: str, share: float, blocks: int = 4,
+    def __init__(self, n_in: int, n_out: int, structure: str, share: float, blocks: int = 4,
                  guided: bool = False, *, rngs: nnx.Rngs):
-        if kind == "dense":
-            raise SaffuError("StructuredLinear needs a structure; use nnx.Linear for a dense layer")
-        self.kind = kind
+        if structure not in STRUCTURES[1:]:
+            raise SaffuError(f"StructuredLinear needs a structure ({', '.join(STRUCTURES[1:])}), not {structure!r}; "
+                             f"use nnx.Linear for a dense layer")
+        self.structure = structure
         dense = nnx.initializers.lecun_normal()(rngs.params(), (n_in, n_out))
-        size = structure_size(kind, n_in, n_out, share, blocks)
-        for name, value in from_dense(kind, dense, size, blocks).items():
+        size = structure_size(structure, n_in, n_out, share, blocks)
+        for name, value in from_dense(structure, dense, size, blocks).items():
             setattr(self, name, nnx.Param(value))
         self.bias = nnx.Param(jnp.zeros((n_out,)))
         self.guide = nnx.Param(dense) if guided else None
 
     def __call__(self, x: jax.Array, alpha: jax.Array | None = None) -> jax.Array:
-        y = apply_structure(self.kind, {name: getattr(self, name)[...] for name in FACTORS[self.kind]}, x)
+        y = apply_structure(self.structure, {name: getattr(self, name)[...] for name in FACTORS[self.structure]}, x)
         if alpha is not None:
             if self.guide is None:
                 raise SaffuError("a guide weight α was given to a structured layer built without a guide")

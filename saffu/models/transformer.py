@@ -26,6 +26,8 @@ from flax import nnx
 from saffu._io import SaffuError
 from saffu.configs import EXPLICIT_PIECES, Params, TransformerConfig
 from saffu.data.tokenizer import EOD_ID
+from saffu.models.fused_loss import linear_nll_sum
+from saffu.models.kinds import ModelKind
 from saffu.models.structured import StructuredLinear, from_dense, structure_size
 
 
@@ -521,3 +523,42 @@ def decode_step(params: Params, config: TransformerConfig, cache: Params, tokens
         logits = logits + params["output"]["bias"][None]
     return logits, {"keys": keys, "values": values, "documents": documents, "document": document,
                     "length": position + 1}
+
+
+def transformer_target_logits(params: Params, config: TransformerConfig, windows: jax.Array, context: int,
+                              positions: jax.Array | None = None) -> jax.Array:
+    """Logits ``float32[B, T, V]`` predicting ``windows[:, context:]`` of ``windows int32[B, context + T]``,
+    the output layer run at those positions only (``positions`` as in :func:`transformer_logits`)."""
+    return transformer_logits(params, config, windows[:, :-1], positions=None if positions is None
+                              else positions[:, :-1], predict_from=context - 1)
+
+
+def transformer_loss(params: Params, config: TransformerConfig, windows: jax.Array, mask: jax.Array,
+                     dropout: Dropout | None = None, positions: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+    """Summed NLL (nats, ``float32[]``) and target count of ``windows int32[B, R + T]`` with ``mask
+    bool[B, T]``, the output layer and cross-entropy fused chunk by chunk
+    (:func:`saffu.models.fused_loss.linear_nll_sum`: no ``B × T × V`` logits; under
+    differentiation the gradient comes with the loss). ``dropout``: a training step's residual
+    dropout; ``positions int32[B, R + T]``: each token's position."""
+    context = config.context
+    h = transformer_features(params, config, windows[:, :-1], predict_from=context - 1, dropout=dropout,
+                             positions=None if positions is None else positions[:, :-1])
+    kernel = params["output"]["kernel"]
+    bias = params["output"].get("bias", jnp.zeros(kernel.shape[1], kernel.dtype))
+    nll = linear_nll_sum(h.reshape(-1, h.shape[-1]), kernel, bias, windows[:, context:].reshape(-1),
+                         mask.reshape(-1).astype(jnp.float32))
+    return nll, jnp.sum(mask)
+
+
+def zero_output(params: Params) -> Params:
+    """``params`` with the output layer (kernel and bias) at zero, so the logits are exactly 0."""
+    return {**params, "output": jax.tree.map(jnp.zeros_like, params["output"])}
+
+
+KIND = ModelKind(
+    "transformer", TransformerConfig, transformer_logits, init=transformer_init,
+    # runs saved before the llama block became the default are gpt blocks with a bias
+    from_fields=lambda fields: TransformerConfig(**{"block": "gpt", "output_bias": True, **fields}),
+    target_logits=transformer_target_logits, fused_loss=transformer_loss, zero_output=zero_output,
+    positional=True, depth="layers", attention=transformer_attention, attends_by="keys",
+    attends=lambda config: True, explicit_from_factors=True, drop_guide=drop_guide)

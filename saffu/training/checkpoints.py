@@ -44,10 +44,10 @@ from saffu._io import (
     megabytes,
     tree_fingerprint,
 )
-from saffu.configs import Params, SaffuConfig
+from saffu.configs import ExactConfig, Params, ResidualConfig, SaffuConfig
 from saffu.data.workdir import WorkDir
 from saffu.engine.distributed import put_global
-from saffu.models.interface import config_from_dict, model_init, trainable
+from saffu.models.interface import config_from_dict, kind_of, model_init, trainable
 
 
 @contextlib.contextmanager
@@ -86,7 +86,7 @@ def save_run_config(run_dir: str | Path, config: SaffuConfig, workdir: WorkDir, 
     fields = dataclasses.asdict(config)
     relative = lambda path: (os.path.relpath(Path(path).resolve(), Path(run_dir).resolve()) if Path(path).is_absolute()
                              else path)
-    if config.kind == "residual":
+    if isinstance(config, ResidualConfig):
         fields.update(explicit_run=relative(config.explicit_run), fold_runs=[relative(p) for p in config.fold_runs])
     atomic_write_json(Path(run_dir) / "config.json", {"model": fields, "workdir": str(workdir.path.resolve()),
                                                       "corpus": workdir.meta["corpus"],
@@ -133,7 +133,7 @@ def load_run_config(run_dir: str | Path):
         config = config_from_dict(record["model"])
     except (KeyError, TypeError) as err:
         raise SaffuError(f"{path} is unreadable ({err}); remove the run directory and start again") from None
-    if config.kind == "residual":
+    if isinstance(config, ResidualConfig):
         absolute = lambda path: path if Path(path).is_absolute() else str((Path(run_dir) / path).resolve())
         config = dataclasses.replace(config, explicit_run=absolute(config.explicit_run),
                                      fold_runs=tuple(absolute(p) for p in config.fold_runs))
@@ -159,7 +159,7 @@ def pack_run(run_dir: str | Path) -> dict:
     against the one the run recorded before copying. Returns ``{"exact_run", "bytes"}``."""
     run_dir = Path(run_dir)
     config = load_run_config(run_dir)
-    if config.kind != "residual":
+    if not isinstance(config, ResidualConfig):
         raise SaffuError(f"{run_dir} holds a {config.kind}, which reads no other run; only residual runs need packing")
     source, target = Path(config.explicit_run), run_dir / "exact"
     size = sum(p.stat().st_size for p in (source / "explicit").rglob("*") if p.is_file())
@@ -216,7 +216,7 @@ def _compressible(config) -> bool:
     """Whether a solution's tables shrink on disk far below their bytes in memory (the exact
     model's sparse tables: about 18× at V = 8,192), so that free space cannot be judged
     before the write."""
-    return config.kind == "exact" or bool(getattr(config, "exact_positions", ()))
+    return kind_of(config).exact_tables(config)
 
 
 def save_explicit_run(run_dir: str | Path, config, workdir: WorkDir, params: Params, retry=None) -> str:
@@ -274,7 +274,8 @@ def load_explicit(run_dir: str | Path, config, expect: str = "") -> Params:
     saved (and ``expect``, where a run that reads it recorded one): one :class:`SaffuError`
     otherwise."""
     path = (Path(run_dir) / "explicit").resolve()
-    if config.kind not in ("saffu", "exact", "factorised"):
+    command = kind_of(config).solve_command
+    if command is None:
         if latest_checkpoint_step(run_dir) is not None:
             raise SaffuError(f"{run_dir} holds a {config.kind}, which keeps no explicit solution (an explicit "
                              f"init is its state before step 1, not saved); use --checkpoint latest for its "
@@ -282,7 +283,6 @@ def load_explicit(run_dir: str | Path, config, expect: str = "") -> Params:
         raise SaffuError(f"{run_dir} holds a {config.kind}, which has no explicit solution; it has no "
                          f"checkpoint yet: train it with `saffu train --run {run_dir}`")
     if not path.exists():
-        command = {"exact": "saffu exact", "factorised": "saffu factorise"}.get(config.kind, "saffu fit")
         raise SaffuError(f"{run_dir} has no explicit solution; run `{command} --run {run_dir}` first")
     try:
         with ocp.StandardCheckpointer() as checkpointer:
@@ -299,7 +299,7 @@ def load_explicit(run_dir: str | Path, config, expect: str = "") -> Params:
             raise SaffuError(f"{run_dir} now holds explicit tables with fingerprint {found}, but this run was trained "
                              f"over {expect}: it was solved again since; re-solve it as before (the run's config.json "
                              f"records the exact model) or train again (`saffu pack` keeps a run's tables with it)")
-    if config.kind == "exact":
+    if isinstance(config, ExactConfig):
         return jax.tree.map(jnp.asarray, restored)
     params = retype({"blocks": restored["blocks"]} if getattr(config, "exact_positions", ()) else restored,
                     with_config_inputs(jax.eval_shape(lambda: model_init(config, jax.random.key(0))), config))
@@ -339,7 +339,7 @@ def load_params_at(run_dir: str | Path, config, step: int | None = None,
     if not trainable(config):
         raise SaffuError(f"a {config.kind} run is loaded whole (--checkpoint); --step and --words pick a trained "
                          f"model's checkpoints")
-    if config.kind == "residual":       # the trained part is kept; the explicit tables come from its explicit run
+    if isinstance(config, ResidualConfig):       # the trained part is kept; the explicit tables come from its explicit run
         params, template = _residual_parts(config)
         trained, label = _restore_at(run_dir, jax.eval_shape(lambda: template), step, milestones)
         return _with_tables(config, {**params, **trained}), label
@@ -395,7 +395,7 @@ def load_params(run_dir: str | Path, config, which: str = "latest") -> tuple[Par
     ``which="explicit"``: the explicit solution. Returns the params and what was loaded.
     A residual model's explicit tables come from its ``explicit_run``; without a checkpoint
     (or with ``"explicit"``) it is its step-0 state, which is the explicit model."""
-    if config.kind == "residual":
+    if isinstance(config, ResidualConfig):
         params, trained = _residual_parts(config)
         latest = load_latest_params(run_dir, trained) if which == "latest" else None
         if latest is None:
@@ -565,7 +565,7 @@ CONFIG_INPUTS = ("codes",)
 def with_config_inputs(template: Params, config) -> Params:
     """``template`` (shapes) with the :data:`CONFIG_INPUTS` of ``config`` as arrays: SAFFU's
     cipher codes (:func:`saffu.models.saffu.cipher_table`); other kinds unchanged."""
-    if getattr(config, "kind", None) != "saffu":
+    if not isinstance(config, SaffuConfig):
         return template
     from saffu.models.saffu import cipher_table
     return {**template, "codes": cipher_table(config)}

@@ -37,11 +37,12 @@ from saffu.configs import (
     Params,
     ResidualConfig,
     StartConfig,
+    TransformerConfig,
 )
 from saffu.data.folds import fold_documents, other_folds
 from saffu.data.workdir import WorkDir, subset_workdir
 from saffu.models.exact import compact_tables
-from saffu.models.interface import model_init
+from saffu.models.interface import KINDS, RESIDUAL, kind_of, model_init
 from saffu.models.residual import with_explicit
 from saffu.training.checkpoints import (
     check_inputs,
@@ -74,14 +75,14 @@ def solve_run(workdir: WorkDir, run: str | Path, config, solver=None, writer: bo
     after a failed save; ``writer=False`` (a multi-process job's other processes): only take part
     in the save. Returns ``(params, the solver's report, the run it was saved to)``."""
     from saffu.training.checkpoints import save_explicit
-    if config.kind == "exact":
+    if isinstance(config, ExactConfig):
         from saffu.solve.exact import solve_exact
         params, report = solve_exact(workdir, config, progress=progress)
         params = jax.device_get(params)     # every process takes part (orbax synchronises them)
     else:
-        if not getattr(config, "exact_positions", ()):       # exact tables' sizes come from the data
+        if not kind_of(config).exact_tables(config):       # exact tables' sizes come from the data
             check_room(run, config)
-        if config.kind == "factorised":
+        if isinstance(config, FactorisedConfig):
             from saffu.solve.factors import solve_factorised
             params, report = solve_factorised(workdir, config, solver or FactorConfig(), progress=progress)
         else:
@@ -93,21 +94,33 @@ def solve_run(workdir: WorkDir, run: str | Path, config, solver=None, writer: bo
     return params, report, save_explicit_run(run, config, workdir, params, retry=retry)
 
 
-def count_model(workdir: WorkDir, kind: str, config, splits, progress: bool = False) -> tuple[dict[str, float], dict]:
-    """The explicit ``kind`` model (``"bigram"``: :func:`saffu.solve.bigram.fit_explicit_bigram`
+def _bigram(workdir: WorkDir, config, progress: bool):
+    from saffu.models.bigram import bigram_nll
+    from saffu.solve.bigram import fit_explicit_bigram
+    model, report = fit_explicit_bigram(workdir, config, progress=progress)
+    return {"bits": config.cipher.bits, **report}, lambda pairs: bigram_nll(model, pairs)
+
+
+def _unigram(workdir: WorkDir, config, progress: bool):
+    from saffu.solve.bigram import unigram_log_prior, unigram_nll
+    log_prior = unigram_log_prior(workdir, progress=progress)
+    return {}, lambda pairs: unigram_nll(log_prior, pairs)
+
+
+#: The count models: ``(workdir, config, progress) -> (report, pairs -> NLL)``.
+COUNT_MODELS = {"bigram": _bigram, "unigram": _unigram}
+
+
+def count_model(workdir: WorkDir, model: str, config, splits, progress: bool = False) -> tuple[dict[str, float], dict]:
+    """The explicit count model ``model`` (``"bigram"``: :func:`saffu.solve.bigram.fit_explicit_bigram`
     with the :class:`saffu.configs.BigramConfig` ``config``; ``"unigram"``: the unigram prior)
     of ``workdir``'s training split, and its total NLL (nats) on each of ``splits``. Returns
     ``({split: nll}, report)``; the report holds the fit's ``seconds`` (and the bigram's figures)."""
     from saffu.engine.rows import pair_counts
-    from saffu.models.bigram import bigram_nll
-    from saffu.solve.bigram import fit_explicit_bigram, unigram_log_prior, unigram_nll
+    if model not in COUNT_MODELS:
+        raise SaffuError(f"unknown count model {model!r}; choose from {', '.join(COUNT_MODELS)}")
     start = time.perf_counter()
-    if kind == "bigram":
-        model, report = fit_explicit_bigram(workdir, config, progress=progress)
-        report, nll = {"bits": config.cipher.bits, **report}, lambda pairs: bigram_nll(model, pairs)
-    else:
-        log_prior, report = unigram_log_prior(workdir, progress=progress), {}
-        nll = lambda pairs: unigram_nll(log_prior, pairs)
+    report, nll = COUNT_MODELS[model](workdir, config, progress)
     report["seconds"] = time.perf_counter() - start
     return {split: nll(pair_counts(workdir.tokens(split), vocab_size=workdir.vocab_size)) for split in splits}, report
 
@@ -157,7 +170,7 @@ def residual_start(base, explicit_run: str | Path, key: jax.Array, scale: str = 
     existing run's ``config``, its tables are loaded and checked against its fingerprints."""
     if config is None:
         explicit_config = load_run_config(explicit_run)
-        if explicit_config.kind != "exact":
+        if not isinstance(explicit_config, ExactConfig):
             raise SaffuError(f"{explicit_run} holds a {explicit_config.kind}; a residual needs a `saffu exact` run")
         if any(load_run_config(run) != explicit_config for run in fold_runs):
             raise SaffuError(f"a fold run holds another exact model than {explicit_run}; solve the folds again")
@@ -201,19 +214,19 @@ def residual_run(workdir: WorkDir, run: str | Path, key: jax.Array, base=None, e
     existing = (run / "config.json").exists()
     if existing:
         config = check_inputs(run, workdir, streams=True)
-        if config.kind != "residual":
+        if not isinstance(config, ResidualConfig):
             raise SaffuError(f"{run} already holds a {config.kind} run; use a new --run for --residual")
         config, params = residual_start(config.base, config.explicit_run, key, config=config)
     else:
         explicit = check_inputs(explicit_run, workdir)
-        if explicit.kind != "exact":
+        if not isinstance(explicit, ExactConfig):
             raise SaffuError(f"--residual {explicit_run} holds a {explicit.kind}; it must be a `saffu exact` run")
         fold_runs = ()
         if folds:
             announce(f"solving the exact model of each of {folds} folds' complements into {run / 'folds'}")
             fold_runs, _, _ = solve_folds(workdir, explicit, folds, run / "folds", progress=progress)
         config, params = residual_start(base, explicit_run, key, scale, anneal_share, tuple(fold_runs))
-    if config.base.kind in ("saffu", "factorised"):
+    if kind_of(config.base).radius:
         workdir.check_radius(config.base.radius)
     if not existing:
         start_run(run, config, workdir)
@@ -241,9 +254,12 @@ def explicit_transformer_start(workdir: WorkDir, config, key: jax.Array, pieces:
 
 
 def _depth(config) -> str:
-    if config.kind not in ("transformer", "saffu"):
+    """The field counting ``config``'s stacked blocks (``"layers"``, ``"blocks"``); one error line
+    for a model that is not a stack."""
+    depth = kind_of(config).depth
+    if depth is None:
         raise SaffuError(f"Inheritune takes a transformer or a SAFFU stack, not a {config.kind}")
-    return "layers" if config.kind == "transformer" else "blocks"
+    return depth
 
 
 def inherit(reference_params: Params, reference, layers: int | None = None) -> tuple[object, Params]:
@@ -269,11 +285,11 @@ def grow(params: Params, config, reference_params: Params, reference, layers: in
     from saffu.models import saffu as saffu_model
     from saffu.models import transformer
     depth = _depth(reference)
-    if config.kind != reference.kind:
+    if type(config) is not type(reference):
         raise SaffuError(f"the stack to grow holds a {config.kind}; it must be a {reference.kind} like the reference")
     if grow_by not in ("reference", "solve"):
         raise SaffuError(f"grow_by must be 'reference' or 'solve', got {grow_by!r}")
-    if grow_by == "solve" and reference.kind != "saffu":
+    if grow_by == "solve" and not kind_of(reference).grows_by_solving:
         raise SaffuError("--grow-by solve solves SAFFU blocks explicitly; a transformer grows by the reference's blocks")
     start = getattr(config, depth)
     target = layers or start + 1
@@ -300,7 +316,7 @@ def grow(params: Params, config, reference_params: Params, reference, layers: in
 
 def _check_structured(config) -> None:
     """``--ffn-from``'s model must be a structured transformer (checked before its run is written)."""
-    if config.kind != "transformer" or config.ffn == "dense":
+    if not isinstance(config, TransformerConfig) or config.ffn == "dense":
         raise SaffuError("--ffn-from needs a structured transformer: --model transformer --ffn lowrank|blockdense|"
                          "blockshuffle")
 
@@ -310,7 +326,7 @@ def structured_from(dense_params: Params, dense_config, config) -> Params:
     structure by SVD (trained-SVD init; kept as the dense guide when self-guided)."""
     from saffu.models.transformer import structure_mlp
     _check_structured(config)
-    if dense_config.kind != "transformer":
+    if not isinstance(dense_config, TransformerConfig):
         raise SaffuError(f"--ffn-from holds a {dense_config.kind}; it must be a dense transformer run")
     return structure_mlp(dense_params, dense_config, config)
 
@@ -346,7 +362,7 @@ def train_run(workdir: WorkDir, run: str | Path, config, params: Params, train_c
     config, params = finish(config, params)
     figures = {"params": parameter_count(params),
                "steps": history[-1]["step"] if history else (latest_checkpoint_step(run) or 0)}
-    if config.kind == "residual":
+    if isinstance(config, ResidualConfig):
         fixed = {name: params[name] for name in config.fixed_params if name in params}
         figures.update(trained_params=figures["params"] - parameter_count(fixed),
                        scale=float(params["scale"]) if "scale" in params else 0.0)    # annealed: λ ends at 0
@@ -362,9 +378,7 @@ def finish(config, params: Params) -> tuple[object, Params]:
     served training only) and, self-guided, without the dense guide (gone by the end)."""
     params = {name: value for name, value in params.items() if name != "folds"}
     if getattr(config, "guide_share", 0):
-        from saffu.models.factorised import drop_output_guide
-        from saffu.models.transformer import drop_guide
-        config, params = (drop_guide if config.kind == "transformer" else drop_output_guide)(params, config)
+        config, params = kind_of(config).drop_guide(params, config)
     return config, params
 
 
@@ -380,7 +394,7 @@ def start_training(workdir: WorkDir, run: str | Path, start: StartConfig, key: j
     :func:`structured_from`). ``new_model()`` gives the model config of a new run (an existing
     run keeps its own); the run's config is written (or checked)."""
     config, params, seconds = _start(workdir, Path(run), start, key, new_model, residual, factors, progress, announce)
-    if config.kind in ("saffu", "factorised"):
+    if kind_of(config).radius:
         workdir.check_radius(config.radius)  # also for explicit runs made from another work directory
     return config, params, seconds
 
@@ -388,11 +402,11 @@ def start_training(workdir: WorkDir, run: str | Path, start: StartConfig, key: j
 def _start(workdir, run, start, key, new_model, residual, factors, progress, announce):
     """:func:`start_training` before its radius check."""
     existing = (run / "config.json").exists()
-    kind = load_run_config(run).kind if existing else start.model
+    kind = KINDS.get(load_run_config(run).kind if existing else start.model)
     model = lambda: check_inputs(run, workdir, streams=True) if existing else new_model()
     if start.ffn_from is not None and (start.init != "random" or start.residual is not None):
         raise SaffuError("--ffn-from starts a structured transformer of its own (--init random, no --residual)")
-    if start.residual is not None or kind == "residual":
+    if start.residual is not None or kind is RESIDUAL:
         if start.init != "random":
             raise SaffuError("--residual trains a randomly initialised model over the exact one: use --init random")
         config, params = residual_run(workdir, run, key, None if existing else new_model(), start.residual,
@@ -402,21 +416,21 @@ def _start(workdir, run, start, key, new_model, residual, factors, progress, ann
         config, params = _inherited(workdir, start, progress, announce)
         start_run(run, config, workdir)
         return config, params, 0.0
-    if start.init == "explicit" and kind == "transformer":
+    if start.init == "explicit" and kind is not None and kind.explicit_from_factors:
         config = model()
         params, seconds, _ = explicit_transformer_start(workdir, config, key, start.explicit_pieces, factors, progress,
                                                         start.explicit_embedding_rms, start.explicit_output_rms)
         start_run(run, config, workdir)
         return config, params, seconds
     config = check_inputs(run, workdir, streams=True) if start.init == "explicit" else model()
-    if config.kind == "exact" or getattr(config, "exact_positions", ()):
+    if kind_of(config).exact_tables(config):
         raise SaffuError(f"{run} holds a model with exact token-resolution tables, which are not trained; score it "
                          f"with `saffu eval` / `saffu blimp`" if start.init == "explicit" else
                          "exact token-resolution tables (the exact model, --exact-positions) come from the data and "
                          "have no random init; solve them with `saffu exact` / `saffu fit`")
     if start.init == "explicit":
         return config, load_explicit(run, config), 0.0
-    if config.kind in ("saffu", "factorised"):
+    if kind_of(config).radius:
         workdir.check_radius(config.radius)
     if start.ffn_from is not None:
         _check_structured(config)
@@ -434,16 +448,16 @@ def _inherited(workdir: WorkDir, start: StartConfig, progress: bool, announce) -
     if start.reference is None:
         raise SaffuError("--init inherit needs --reference RUN, a trained transformer or SAFFU run")
     reference = check_inputs(start.reference, workdir)
-    if reference.kind not in ("transformer", "saffu"):
+    if kind_of(reference).depth is None:
         raise SaffuError(f"--reference {start.reference} holds a {reference.kind}; Inheritune takes a transformer "
                          f"or a SAFFU stack")
-    if start.grow_by == "solve" and reference.kind != "saffu":
+    if start.grow_by == "solve" and not kind_of(reference).grows_by_solving:
         raise SaffuError("--grow-by solve solves SAFFU blocks explicitly; a transformer grows by the reference's blocks")
     reference_params, _ = load_params(start.reference, reference)
     if start.start_from is None:
         return inherit(reference_params, reference, start.inherit_layers)
     begin = check_inputs(start.start_from, workdir)
-    if begin.kind != reference.kind:
+    if type(begin) is not type(reference):
         raise SaffuError(f"--start-from {start.start_from} holds a {begin.kind}; it must be a {reference.kind} run "
                          f"like --reference")
     return grow(load_params(start.start_from, begin)[0], begin, reference_params, reference, start.inherit_layers,
