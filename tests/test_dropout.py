@@ -28,6 +28,7 @@ def test_dropout_zeroes_its_share_and_keeps_the_mean():
     assert not np.array_equal(y, np.asarray(drop.at(1).apply(x, 0)))
 
 
+@pytest.mark.slow        # among the fast suite's slowest: CI's slow suite runs it (make test-slow)
 def test_training_dropout_changes_steps_not_evaluation_and_resumes_exactly(tiny_workdir, tmp_path):
     config = TransformerConfig(tiny_workdir.vocab_size, width=16, layers=1, heads=2, context_tokens=4, max_len=32,
                                block="gpt", output_bias=True)

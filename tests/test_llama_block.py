@@ -49,6 +49,7 @@ def _reference(params, config, tokens, kept=None):
     return rms(x, p["final_norm"]["scale"]) @ p["output"]["kernel"] + p["output"]["bias"]
 
 
+@pytest.mark.slow        # among the fast suite's slowest: CI's slow suite runs it (make test-slow)
 def test_the_llama_block_equals_a_float64_forward_and_its_training_loss():
     params = model_init(CONFIG, jax.random.key(0))
     noise = jax.random.split(jax.random.key(1), len(jax.tree.leaves(params)))

@@ -282,6 +282,7 @@ def test_cli_residual_and_explicit_transformer(tiny_workdir, exact_model, tmp_pa
     assert json.loads(metrics.read_text())["solve_seconds"] > 0
 
 
+@pytest.mark.slow        # among the fast suite's slowest: CI's slow suite runs it (make test-slow)
 def test_a_residual_run_keeps_checkpoints_by_words_seen(tiny_workdir, tmp_path, capsys):
     """A residual run counts the exact run's statistics pass as one pass over the data (the
     milestones it covers are kept at step 0, where the model is the exact model) and keeps the

@@ -42,6 +42,7 @@ def test_a_grid_file_reads_toml_dotted_keys(tmp_path):
         read_grid(tmp_path / "bad.json")
 
 
+@pytest.mark.slow        # among the fast suite's slowest: CI's slow suite runs it (make test-slow)
 def test_a_sweep_runs_each_spec_once_and_gathers_rows(tiny_workdir, tmp_path, capsys):
     specs = grid(TINY, {"train.learning_rate": [0.003, 0.03]})
     said = []
@@ -75,6 +76,7 @@ def test_a_sweep_runs_each_spec_once_and_gathers_rows(tiny_workdir, tmp_path, ca
     assert json.loads((tmp_path / "out" / "rows.json").read_text()) == rows
 
 
+@pytest.mark.slow        # among the fast suite's slowest: CI's slow suite runs it (make test-slow)
 def test_a_failed_run_is_named_and_the_others_finish(tiny_workdir, tmp_path):
     specs = {"good": TINY, "bad": with_value(TINY, "model.width", 15)}      # 15 is not a multiple of 2 heads
     said = []
@@ -84,6 +86,7 @@ def test_a_failed_run_is_named_and_the_others_finish(tiny_workdir, tmp_path):
     assert "saffu: error" in (tmp_path / "out" / "bad" / "log.txt").read_text()
 
 
+@pytest.mark.slow        # among the fast suite's slowest: CI's slow suite runs it (make test-slow)
 def test_an_exact_run_is_made_once_and_then_reused(tiny_workdir, tmp_path):
     from saffu.runner import exact_run
     said = []

@@ -75,6 +75,7 @@ def test_document_context_hides_earlier_documents():
 @settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 1000), radius=st.integers(1, 6), targets=st.integers(1, 60),
        eod_rate=st.sampled_from([0.0, 0.2, 0.6]))
+@pytest.mark.slow        # among the fast suite's slowest: CI's slow suite runs it (make test-slow)
 def test_context_of_rows_in_any_order_equals_the_windows_context(seed, radius, targets, eod_rate):
     rng = np.random.default_rng(seed)
     window = random_stream(seed, radius + targets, 50, eod_rate).astype(np.int32)

@@ -255,6 +255,7 @@ def test_factorised_output_factor_from_the_explicit_svd():
     assert set(model_init(structured, jax.random.key(1))) == set(made)
 
 
+@pytest.mark.slow        # among the fast suite's slowest: CI's slow suite runs it (make test-slow)
 def test_a_self_guided_factorised_output_starts_as_its_dense_guide(tiny_workdir, tmp_path):
     """With the explicit B as the guide, α = 1 is the dense explicit model, α = 0 and no α the
     structured one; dropping the guide keeps the logits; the guided steps run the dense B."""

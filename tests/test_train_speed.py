@@ -108,6 +108,7 @@ def test_transformer_training_loss_equals_the_whole_logits_formula():
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow        # among the fast suite's slowest: CI's slow suite runs it (make test-slow)
 def test_a_data_parallel_step_over_two_devices_equals_one_device():
     """The same step with the batch split over two host devices (``jax.sharding``; the
     gradient all-reduce is XLA's) has the same loss and gradients as on one device, and ends at
