@@ -226,7 +226,7 @@ class SolverConfig:
 
     Attributes:
       smoothing: smoothing of every conditional distribution (Dirichlet around the prior).
-        The default strength μ = 3000 is the one ``experiments/choose_mu.py`` picks on the
+        The default strength μ = 3000 is the one picked (``saffu fit --mu``) on the
         held-out training tail of babylm-2023-4src (its output: holdout loss 5.1444 / 5.0592 /
         5.0449 / 5.0809 nats for μ = 100, 1000, 3000, 10000; dev is never looked at): SAFFU's
         multi-group evidence needs far stronger smoothing than a single layer.
@@ -468,7 +468,7 @@ class ExactConfig:
         as the group's shift (its rows stay sparse). The defaults, ``kneser_ney`` with ``κ = 2``,
         are what held-out training data picked on babylm-2023-4src (held-out loss 4.2057;
         Witten-Bell 4.2957 / 4.2804 / 4.2898 for κ = 1 / 2 / 4; Dirichlet μ = 100: 4.3849;
-        ``experiments/exact_explicit.py``).
+        ``experiments/exact_explicit.py``, in git history at revision a83a811).
       buckets: lower edges of the context-count buckets after the first (contexts seen fewer
         than ``buckets[0]`` times are bucket 0); each group has one temperature per bucket
         (``()``: one temperature per group).
@@ -626,7 +626,7 @@ class FactorConfig:
       column_power: columns (targets ``y``) of the stacked matrix weighted by ``p(y)^a`` before
         the SVD (rows by ``√n(c)``): a rare target's large log-ratio stops dominating the
         squared error (``0``: unweighted). ``0.5`` was picked on held-out training data
-        (``experiments/factorised.py``).
+        (``experiments/factorised.py``, in git history at revision a83a811).
       oversample, power_iterations, seed: of the randomized SVD
         (:func:`saffu.solve.factors.randomized_svd`). One subspace iteration before the
         refinement steps scores as two (dev sample 1.9255 against 1.9248, 0.2 s less).
