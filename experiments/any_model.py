@@ -39,8 +39,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 import numpy as np
 
 from saffu.interop.init import FOLD_SHARE

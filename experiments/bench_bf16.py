@@ -25,8 +25,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 from saffu._io import write_metrics
 from saffu.configs import TrainConfig, TransformerConfig
 from saffu.models.interface import model_init

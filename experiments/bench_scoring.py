@@ -360,7 +360,6 @@ def main(argv=None) -> dict:
         args.metrics_json.parent.mkdir(parents=True, exist_ok=True)
         args.metrics_json.write_text(json.dumps(figures, indent=2) + "\n")
     if args.write_result:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
         from results import write_result
         path = write_result("bench_scoring", figures, seeds=[0],
                             load={"load_average_1min_start": started_load[0],

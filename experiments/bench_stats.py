@@ -288,7 +288,6 @@ def check(metrics: dict) -> list[str]:
 
 def store(name: str, figures: dict, started, load: dict | None = None) -> None:
     """``results/<name>.json`` through ``experiments/results.py`` (command, date, machine, load)."""
-    sys.path.insert(0, str(ROOT / "experiments"))
     from results import write_result
     print(f"wrote {write_result(name, figures, seeds=[], started=started, load=load)}")
 

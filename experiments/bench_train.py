@@ -436,7 +436,6 @@ def main(argv=None) -> int:
     from saffu._io import write_metrics
     write_metrics(args.metrics_json, {k: v for k, v in figures.items() if isinstance(v, (int, float))})
     if args.write_result:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
         from results import write_result
         print(f"wrote {write_result('bench_train', figures, seeds=[0], load=load)}")
     return 0

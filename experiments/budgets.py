@@ -49,10 +49,7 @@ import argparse
 import datetime
 import json
 import statistics
-import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import any_model
 import warm_transformer as wt

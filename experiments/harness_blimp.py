@@ -26,8 +26,6 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 from results import write_result
 from saffu._io import SaffuError
 

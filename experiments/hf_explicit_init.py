@@ -21,8 +21,6 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 from results import write_result
 from saffu.data.workdir import open_workdir
 from saffu.flags import DEFAULT_CORPUS

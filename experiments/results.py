@@ -2,7 +2,7 @@
 with what it takes to trust and reproduce them: the command, the date, the seeds, the machine
 and the load it ran under.
 
-    from results import write_result        # experiments/ is on sys.path when a script runs
+    from results import write_result        # a script's own folder is on its import path
     write_result("soak", figures, seeds=[0])
 """
 

@@ -93,7 +93,6 @@ def main(argv=None) -> int:
                         help="write results/setup.json only; run experiments/render_results.py yourself")
     args = parser.parse_args(argv)
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from results import write_result
 
     revision = git("rev-parse", "HEAD")

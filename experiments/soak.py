@@ -27,8 +27,6 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 from results import write_result
 from saffu.models.interface import model_init
 

@@ -38,8 +38,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 from results import write_result
 from saffu._io import SaffuError, atomic_write_json
 from saffu.eval.race import choose, compute_with_solve, multiplier
