@@ -226,10 +226,10 @@ class SolverConfig:
 
     Attributes:
       smoothing: smoothing of every conditional distribution (Dirichlet around the prior).
-        The default strength μ = 3000 is the one picked (``saffu fit --mu``) on the
-        held-out training tail of babylm-2023-4src (its output: holdout loss 5.1444 / 5.0592 /
-        5.0449 / 5.0809 nats for μ = 100, 1000, 3000, 10000; dev is never looked at): SAFFU's
-        multi-group evidence needs far stronger smoothing than a single layer.
+        The default strength μ = 3000 is the one of 100, 1000, 3000 and 10000 with the lowest
+        loss on the held-out training tail of babylm-2023-4src (``saffu fit --mu``; dev never
+        looked at) (the measurements: this docstring at revision a83a811): SAFFU's multi-group
+        evidence needs far stronger smoothing than a single layer.
       holdout_tokens: training-stream tail kept out of the counts, used to calibrate
         temperatures (0: no calibration, all temperatures 1).
       chunk_size: targets per device per accumulator step.
@@ -466,9 +466,8 @@ class ExactConfig:
         unigram keep Witten-Bell ``κ · t(c)``; the chain's root (``(0,)``) is smoothed towards
         the continuation unigram ``N1+(• y)`` and its rows carry ``log(p_cont / p)``, stored once
         as the group's shift (its rows stay sparse). The defaults, ``kneser_ney`` with ``κ = 2``,
-        are what held-out training data picked on babylm-2023-4src (held-out loss 4.2057;
-        Witten-Bell 4.2957 / 4.2804 / 4.2898 for κ = 1 / 2 / 4; Dirichlet μ = 100: 4.3849;
-        ``experiments/exact_explicit.py``, in git history at revision a83a811).
+        had the lowest held-out training loss on babylm-2023-4src against Witten-Bell at
+        ``κ`` = 1, 2, 4 and Dirichlet (the measurements: this docstring at revision a83a811).
       buckets: lower edges of the context-count buckets after the first (contexts seen fewer
         than ``buckets[0]`` times are bucket 0); each group has one temperature per bucket
         (``()``: one temperature per group).
@@ -626,21 +625,18 @@ class FactorConfig:
       column_power: columns (targets ``y``) of the stacked matrix weighted by ``p(y)^a`` before
         the SVD (rows by ``√n(c)``): a rare target's large log-ratio stops dominating the
         squared error (``0``: unweighted). ``0.5`` was picked on held-out training data
-        (``experiments/factorised.py``, in git history at revision a83a811).
+        (the measurements: this docstring at revision a83a811).
       oversample, power_iterations, seed: of the randomized SVD
         (:func:`saffu.solve.factors.randomized_svd`). One subspace iteration before the
-        refinement steps scores as two (dev sample 1.9255 against 1.9248, 0.2 s less).
+        refinement steps scores as well as two, and costs less.
       buckets: context-count bucket edges of the temperatures (one per offset and bucket, folded
         into the embeddings), as :class:`ExactConfig`.
       holdout_tokens: whole training documents kept out of the counts to calibrate the
-        temperatures (Newton; convex). On babylm-2023-4src (rank 96, 3 offsets, 200k dev
-        sample) 32,768 / 8,192 / 4,096 gave 2.1187 / 2.1185 / 2.1176 bits/byte; the calibration
-        costs about one scoring pass over them per Newton step, so the fewest that lose nothing.
+        temperatures (Newton; convex). The calibration costs about one scoring pass over them
+        per Newton step, so the default is the fewest that lost nothing against more.
       calibration_iterations: Newton iterations (at most) on a quarter of the held-out tokens.
       final_iterations: Newton iterations (at most) on all of them from there. One reached the
-        same held-out loss as three (8,192 tokens: 4.9626 nats/token; dev sample 2.1184 against
-        2.1185 bits/byte) with one pass over the held-out tokens fewer; with none (the quarter's
-        optimum) the dev sample was 0.005 worse.
+        held-out loss of three with a pass over the held-out tokens fewer; none was worse.
       refine_steps: Adam steps of the SVD's factors on the softmax cross-entropy against each
         refined offset's smoothed conditionals (:func:`saffu.solve.factors.refine_factors`; ``0``:
         the SVD's factors as they are).
@@ -649,12 +645,8 @@ class FactorConfig:
       refine_learning_rate, refine_momentum: Adam's rate and ``b1`` for those steps.
 
         Picked on babylm-2023-4src (rank 96, 3 offsets) by the held-out training tokens' loss
-        (nats; in brackets a 200k dev sample in bits/byte: sparse source 1.9161, the SVD alone
-        2.1176) within the cost goal (the whole solve ≤ 5% of a warm epoch, 145 s quiet; a step
-        about 0.3 s at V = 8,192): one offset, 6 steps at 0.07 / 0.5: 4.5003 (1.9248); 5 at 0.08:
-        4.5276 (1.9350); 8 at 0.05: 4.4688 (1.9191); 10 at 0.05: 4.4611 (1.9142; whole dev 1.9015
-        against the source's 1.9009); two offsets, 10 steps: 4.3966 (1.8986); all three, 5 steps
-        at 0.05: 4.4944 (1.9269), where ``b1`` 0.5 beat 0.9 and 0 (4.5364, 4.5450).
+        within the cost goal (the whole solve at most a twentieth of a warm epoch)
+        (the measurements: this docstring at revision a83a811).
       chunk_size: targets per counting step.
     """
 
