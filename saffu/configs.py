@@ -228,7 +228,7 @@ class SolverConfig:
       smoothing: smoothing of every conditional distribution (Dirichlet around the prior).
         The default strength μ = 3000 is the one of 100, 1000, 3000 and 10000 with the lowest
         loss on the held-out training tail of babylm-2023-4src (``saffu fit --mu``; dev never
-        looked at) (the measurements: this docstring at revision a83a811): SAFFU's multi-group
+        looked at) (the figures: saffu/configs.py at revision a83a811): SAFFU's multi-group
         evidence needs far stronger smoothing than a single layer.
       holdout_tokens: training-stream tail kept out of the counts, used to calibrate
         temperatures (0: no calibration, all temperatures 1).
@@ -467,7 +467,7 @@ class ExactConfig:
         the continuation unigram ``N1+(• y)`` and its rows carry ``log(p_cont / p)``, stored once
         as the group's shift (its rows stay sparse). The defaults, ``kneser_ney`` with ``κ = 2``,
         had the lowest held-out training loss on babylm-2023-4src against Witten-Bell at
-        ``κ`` = 1, 2, 4 and Dirichlet (the measurements: this docstring at revision a83a811).
+        ``κ`` = 1, 2, 4 and Dirichlet (the figures: saffu/configs.py at revision a83a811).
       buckets: lower edges of the context-count buckets after the first (contexts seen fewer
         than ``buckets[0]`` times are bucket 0); each group has one temperature per bucket
         (``()``: one temperature per group).
@@ -625,7 +625,7 @@ class FactorConfig:
       column_power: columns (targets ``y``) of the stacked matrix weighted by ``p(y)^a`` before
         the SVD (rows by ``√n(c)``): a rare target's large log-ratio stops dominating the
         squared error (``0``: unweighted). ``0.5`` was picked on held-out training data
-        (the measurements: this docstring at revision a83a811).
+        (the figures: saffu/configs.py at revision a83a811).
       oversample, power_iterations, seed: of the randomized SVD
         (:func:`saffu.solve.factors.randomized_svd`). One subspace iteration before the
         refinement steps scores as well as two, and costs less.
@@ -646,7 +646,7 @@ class FactorConfig:
 
         Picked on babylm-2023-4src (rank 96, 3 offsets) by the held-out training tokens' loss
         within the cost goal (the whole solve at most a twentieth of a warm epoch)
-        (the measurements: this docstring at revision a83a811).
+        (the figures: saffu/configs.py at revision a83a811).
       chunk_size: targets per counting step.
     """
 
