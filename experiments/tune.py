@@ -30,7 +30,7 @@ and budget.
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import math
 import shlex
@@ -41,7 +41,7 @@ from pathlib import Path
 from results import write_result
 from saffu._io import SaffuError, atomic_write_json
 from saffu.eval.race import choose, compute_with_solve, multiplier
-from saffu.flags import DEFAULT_CORPUS, TRANSFORMER_RENAME, flag_name
+from saffu.flags import DEFAULT_CORPUS, TRANSFORMER_RENAME, flag_name, script_options
 from saffu.runner import SPEC, command, sweep
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,18 +98,35 @@ GROW = {"learning_rate": (lambda v: _half_decade(v, True), lambda v: _half_decad
         "weight_decay": (lambda v: round(v * 3, 12), None), "dropout": (lambda v: round(v + 0.1, 12), None)}
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workdir", type=Path, default=ROOT / "runs" / "babylm", help="a prepared work directory")
-    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "tune", help="where the runs go")
-    parser.add_argument("--phase", choices=["grid", "budgets"], help="what to run (then --report to gather)")
-    parser.add_argument("--starts", nargs="+", choices=list(STARTS), default=list(GRID_STARTS))
-    parser.add_argument("--epochs", nargs="+", type=float, default=[1, 4], help="the budgets phase's budgets")
-    parser.add_argument("--share", type=float, default=0.25, help="the grid's budget, in epochs")
-    parser.add_argument("--jobs", type=int, default=1, help="runs at once, one per core")
-    parser.add_argument("--report", action="store_true", help="write results/tuning.json from the finished runs")
-    parser.add_argument("--quick", action="store_true", help="a tiny model on the embedded corpus (a check)")
-    return parser.parse_args(argv)
+@dataclasses.dataclass
+class Options:
+    """The tuning protocol's runs and report.
+
+    Attributes:
+      workdir: a prepared work directory
+      out: where the runs go
+      phase: what to run (then --report to gather)
+      starts: the starts to run
+      epochs: the budgets phase's budgets
+      share: the grid's budget, in epochs
+      jobs: runs at once, one per core
+      report: write results/tuning.json from the finished runs
+      quick: a tiny model on the embedded corpus (a check)
+    """
+
+    workdir: Path = ROOT / "runs" / "babylm"
+    out: Path = ROOT / "runs" / "tune"
+    phase: str | None = dataclasses.field(default=None, metadata={"choices": ("grid", "budgets")})
+    starts: tuple[str, ...] = dataclasses.field(default=GRID_STARTS, metadata={"choices": tuple(STARTS)})
+    epochs: tuple[float, ...] = (1, 4)
+    share: float = 0.25
+    jobs: int = 1
+    report: bool = False
+    quick: bool = False
+
+
+def parse_args(argv=None) -> Options:
+    return script_options(Options, argv, __doc__.splitlines()[0])
 
 
 def steps_per_epoch(workdir: Path, quick: bool) -> int:

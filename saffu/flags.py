@@ -6,6 +6,8 @@ default lives only in the config and the help text only in its docstring.
   default from the dataclass, the help from the class docstring's ``Attributes:`` section
   (Google style). A boolean becomes ``--field/--no-field``.
 * :func:`config_from_args` builds the config back from the parsed flags.
+* :func:`script_options` parses an experiment's command line into its options dataclass (the
+  scripts under ``experiments/`` declare their options as data and parse nothing themselves).
 * :class:`HelpFormatter` shows every option's default after its help.
 
 It imports only :mod:`saffu.configs` and the standard library (``saffu --help`` loads no
@@ -147,6 +149,25 @@ def config_from_args(cls: type, args, fields, rename: dict | None = None, **over
         value = getattr(args, dest_of(name, rename))
         values[name] = tuple(value) if isinstance(value, list) else value
     return cls(**{**values, **overrides})
+
+
+def script_options(cls: type, argv=None, description: str | None = None):
+    """A script's command line (``argv``; default ``sys.argv[1:]``) parsed into ``cls``, its
+    options dataclass: one flag per field, as :func:`add_config_flags` makes them (the type from
+    the annotation, the help from the docstring's ``Attributes:``, the default from the field; a
+    boolean is ``--field/--no-field``). A field's ``metadata`` gives further ``add_argument``
+    keywords (``choices``, ``metavar``, ``required``, ``nargs``, ``action``; ``hidden``: a flag
+    parsed but not listed, e.g. a child process's). ``--help`` prints the
+    ``description`` (default: the docstring's first line) and every flag with its default."""
+    fields = dataclasses.fields(cls)
+    parser = argparse.ArgumentParser(description=description or (cls.__doc__ or "").strip().splitlines()[0],
+                                     formatter_class=HelpFormatter)
+    extra = {f.name: {key: value for key, value in f.metadata.items() if key != "hidden"} for f in fields}
+    for f in fields:            # an internal flag (a script's child processes): parsed, not listed
+        if f.metadata.get("hidden"):
+            extra[f.name]["help"] = argparse.SUPPRESS
+    add_config_flags(parser, cls, [f.name for f in fields], extra=extra)
+    return config_from_args(cls, parser.parse_args(argv), [f.name for f in fields])
 
 
 def exact_groups(text: str) -> tuple[tuple[int, ...], ...]:
