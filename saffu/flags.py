@@ -151,14 +151,16 @@ def config_from_args(cls: type, args, fields, rename: dict | None = None, **over
     return cls(**{**values, **overrides})
 
 
-def script_options(cls: type, argv=None, description: str | None = None):
+def script_options(cls: type, argv=None, description: str | None = None, check=None):
     """A script's command line (``argv``; default ``sys.argv[1:]``) parsed into ``cls``, its
     options dataclass: one flag per field, as :func:`add_config_flags` makes them (the type from
     the annotation, the help from the docstring's ``Attributes:``, the default from the field; a
     boolean is ``--field/--no-field``). A field's ``metadata`` gives further ``add_argument``
     keywords (``choices``, ``metavar``, ``required``, ``nargs``, ``action``; ``hidden``: a flag
     parsed but not listed, e.g. a child process's). ``--help`` prints the
-    ``description`` (default: the docstring's first line) and every flag with its default."""
+    ``description`` (default: the docstring's first line) and every flag with its default.
+    ``check(options)``: raises :class:`SaffuError` on options that do not go together, which
+    becomes a usage error (its message, exit status 2) like an unknown flag's."""
     fields = dataclasses.fields(cls)
     parser = argparse.ArgumentParser(description=description or (cls.__doc__ or "").strip().splitlines()[0],
                                      formatter_class=HelpFormatter)
@@ -167,7 +169,13 @@ def script_options(cls: type, argv=None, description: str | None = None):
         if f.metadata.get("hidden"):
             extra[f.name]["help"] = argparse.SUPPRESS
     add_config_flags(parser, cls, [f.name for f in fields], extra=extra)
-    return config_from_args(cls, parser.parse_args(argv), [f.name for f in fields])
+    options = config_from_args(cls, parser.parse_args(argv), [f.name for f in fields])
+    try:
+        if check is not None:
+            check(options)
+    except SaffuError as err:
+        parser.error(str(err))
+    return options
 
 
 def exact_groups(text: str) -> tuple[tuple[int, ...], ...]:
