@@ -31,7 +31,6 @@ explicit run's steps to the random run's final periodic dev loss.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
@@ -41,6 +40,8 @@ from pathlib import Path
 
 import numpy as np
 
+from saffu._io import SaffuError
+from saffu.flags import script_options
 from saffu.interop.init import FOLD_SHARE
 from saffu.models.interface import model_init
 
@@ -304,38 +305,58 @@ def short_table(results: list[dict]) -> str:
     return "\n".join(rows)
 
 
+@dataclasses.dataclass
+class Options:
+    """The models, inits and training of the runs.
+
+    Attributes:
+      workdir: prepared work directory (babylm-2023-4src)
+      out: runs and pieces go here
+      models: the models to train
+      inits: the inits of each model (random-rms: random init with the embeddings at RMS 1, the scale ablation)
+      steps: training steps (0: --epochs)
+      epochs: epochs of the training split, one run with its own warm-up and cosine schedule over all its steps
+        (without --steps)
+      learning_rate: peak learning rate of every run
+      tied: closed form of a tied matrix (llama-tied)
+      fold: fold the unigram into the embeddings and the output kernel (untied models)
+      fold_share: weight of the folded unigram's shared embedding component
+      embedding_rms: root-mean-square of the explicit embeddings (0: the random embeddings' own; default: 1, for a
+        tied matrix — also the output kernel — its own)
+      seed: the seed of every run
+      eval_every: steps between periodic dev losses
+      eval_tokens: dev tokens scored at the end (0: the whole split; default: whole, or 100,000 with --steps)
+      metrics_json: write the figures as a flat JSON object here
+      report: gather the finished one-epoch runs into results/any_model.json
+      quiet: no progress bars
+    """
+
+    workdir: Path | None = dataclasses.field(default=None, metadata={"required": True})
+    out: Path = Path("runs/any_model")
+    models: tuple[str, ...] = dataclasses.field(default=("llama", "neox"), metadata={"choices": MODELS, "nargs": "+"})
+    inits: tuple[str, ...] = dataclasses.field(default=("random", "explicit"), metadata={"choices": INITS, "nargs": "+"})
+    steps: int = 0
+    epochs: int = 1
+    learning_rate: float = LEARNING_RATE
+    tied: str = dataclasses.field(default="mean", metadata={"choices": ("embedding", "output", "mean")})
+    fold: bool = False
+    fold_share: float = FOLD_SHARE
+    embedding_rms: float | None = None
+    seed: int = 0
+    eval_every: int = 50
+    eval_tokens: int | None = None
+    metrics_json: Path | None = None
+    report: bool = False
+    quiet: bool = False
+
+
+def check(options: Options) -> None:
+    if options.epochs < 1:
+        raise SaffuError(f"--epochs must be at least 1, got {options.epochs}")
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--workdir", type=Path, required=True, help="prepared work directory (babylm-2023-4src)")
-    parser.add_argument("--out", type=Path, default=Path("runs/any_model"), help="runs and pieces go here")
-    parser.add_argument("--models", nargs="+", choices=MODELS, default=["llama", "neox"])
-    parser.add_argument("--inits", nargs="+", choices=INITS, default=["random", "explicit"],
-                        help=f"random-rms: random init with the embeddings at RMS {EMBEDDING_RMS:g} (the scale ablation)")
-    parser.add_argument("--steps", type=int, default=0, help="training steps (0: --epochs)")
-    parser.add_argument("--epochs", type=int, default=1, help="epochs of the training split, one run with its own "
-                        "warm-up and cosine schedule over all its steps (without --steps)")
-    parser.add_argument("--learning-rate", type=float, default=LEARNING_RATE)
-    parser.add_argument("--tied", choices=("embedding", "output", "mean"), default="mean",
-                        help="closed form of a tied matrix (llama-tied)")
-    parser.add_argument("--fold", action=argparse.BooleanOptionalAction, default=False,
-                        help="fold the unigram into the embeddings and the output kernel (untied models)")
-    parser.add_argument("--fold-share", type=float, default=FOLD_SHARE,
-                        help="weight of the folded unigram's shared embedding component")
-    parser.add_argument("--embedding-rms", type=float,
-                        help=f"root-mean-square of the explicit embeddings (0: the random embeddings' own; default: "
-                             f"{EMBEDDING_RMS:g}, for a tied matrix — also the output kernel — its own)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--eval-every", type=int, default=50, help="steps between periodic dev losses")
-    parser.add_argument("--eval-tokens", type=int, help="dev tokens scored at the end (0: the whole split; "
-                        f"default: whole, or {SHORT_EVAL_TOKENS:,} with --steps)")
-    parser.add_argument("--metrics-json", type=Path, help="write the figures as a flat JSON object here")
-    parser.add_argument("--report", action="store_true",
-                        help="gather the finished one-epoch runs into results/any_model.json")
-    parser.add_argument("--quiet", action="store_true")
-    args = parser.parse_args(argv)
-    if args.epochs < 1:
-        parser.error(f"--epochs must be at least 1, got {args.epochs}")
+    args = script_options(Options, argv, __doc__.splitlines()[0], check=check)
     try:
         import penzai  # noqa: F401
     except ImportError:

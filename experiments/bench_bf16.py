@@ -14,7 +14,7 @@ which bf16 does not pay shows it.
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import os
 import statistics
 import sys
@@ -27,6 +27,7 @@ import numpy as np
 
 from saffu._io import write_metrics
 from saffu.configs import TrainConfig, TransformerConfig
+from saffu.flags import script_options
 from saffu.models.interface import model_init
 from saffu.training.trainer import StepStats, make_optimizer, make_train_step
 
@@ -34,19 +35,37 @@ from saffu.training.trainer import StepStats, make_optimizer, make_train_step
 VARIANTS = ("float32", "bfloat16")
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--vocab-size", type=int, default=8192, help="V (the default work directory's BPE)")
-    parser.add_argument("--width", type=int, default=128, help="model width d")
-    parser.add_argument("--layers", type=int, default=5)
-    parser.add_argument("--batch-size", type=int, default=16, help="windows per step")
-    parser.add_argument("--seq-len", type=int, default=256, help="targets per window")
-    parser.add_argument("--steps", type=int, default=6, help="timed steps per dtype and round")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (the median step is kept)")
-    parser.add_argument("--quick", action="store_true", help="a small model and few steps (about a minute)")
-    parser.add_argument("--metrics-json", type=Path, help="also write the figures here")
-    parser.add_argument("--write-result", action="store_true", help="write results/bench_bf16.json")
-    return parser.parse_args(argv)
+@dataclasses.dataclass
+class Options:
+    """The model and the timing of the comparison.
+
+    Attributes:
+      vocab_size: V (the default work directory's BPE)
+      width: model width d
+      layers: transformer layers
+      batch_size: windows per step
+      seq_len: targets per window
+      steps: timed steps per dtype and round
+      rounds: alternating rounds (the median step is kept)
+      quick: a small model and few steps (about a minute)
+      metrics_json: also write the figures here
+      write_result: write results/bench_bf16.json
+    """
+
+    vocab_size: int = 8192
+    width: int = 128
+    layers: int = 5
+    batch_size: int = 16
+    seq_len: int = 256
+    steps: int = 6
+    rounds: int = 3
+    quick: bool = False
+    metrics_json: Path | None = None
+    write_result: bool = False
+
+
+def parse_args(argv=None) -> Options:
+    return script_options(Options, argv, __doc__.splitlines()[0])
 
 
 def _median_seconds(fn, *args, repeats: int) -> float:

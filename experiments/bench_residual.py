@@ -16,7 +16,7 @@ also times the explicit part's forward alone (``explicit_log_probs``, jitted).
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import os
 import resource
@@ -26,27 +26,50 @@ import sys
 import time
 from pathlib import Path
 
+from saffu.flags import script_options
+
 KINDS = ("transformer", "residual")
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workdir", type=Path, default=Path("runs/babylm"), help="prepared work directory")
-    parser.add_argument("--exact-run", type=Path, default=Path("runs/budgets/exact/1"),
-                        help="`saffu exact` run the residual is built over (made there first when it does not exist)")
-    parser.add_argument("--width", type=int, default=128)
-    parser.add_argument("--layers", type=int, default=5)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--scale", choices=("fixed", "learned"), default="fixed", help="the residual's λ")
-    parser.add_argument("--rounds", type=int, default=8, help="timed rounds (one step of each model per round)")
-    parser.add_argument("--rss-steps", type=int, default=3, help="steps each memory subprocess runs after compiling")
-    parser.add_argument("--explicit", action="store_true", help="also time the explicit part's forward alone")
-    parser.add_argument("--no-rss", action="store_true", help="skip the per-model memory subprocesses")
-    parser.add_argument("--rss-only", action="store_true", help="only the per-model memory subprocesses")
-    parser.add_argument("--child", choices=KINDS, help=argparse.SUPPRESS)
-    parser.add_argument("--metrics-json", type=Path, help="write the figures here as JSON")
-    return parser.parse_args(argv)
+@dataclasses.dataclass
+class Options:
+    """The models, the batches and the timing.
+
+    Attributes:
+      workdir: prepared work directory
+      exact_run: `saffu exact` run the residual is built over (made there first when it does not exist)
+      width: transformer width
+      layers: transformer layers
+      batch_size: windows per step
+      seq_len: targets per window
+      scale: the residual's λ
+      rounds: timed rounds (one step of each model per round)
+      rss_steps: steps each memory subprocess runs after compiling
+      explicit: also time the explicit part's forward alone
+      rss: the per-model memory subprocesses (--no-rss: skip them)
+      rss_only: only the per-model memory subprocesses
+      child: internal: the model whose memory this subprocess measures
+      metrics_json: write the figures here as JSON
+    """
+
+    workdir: Path = Path("runs/babylm")
+    exact_run: Path = Path("runs/budgets/exact/1")
+    width: int = 128
+    layers: int = 5
+    batch_size: int = 16
+    seq_len: int = 256
+    scale: str = dataclasses.field(default="fixed", metadata={"choices": ("fixed", "learned")})
+    rounds: int = 8
+    rss_steps: int = 3
+    explicit: bool = False
+    rss: bool = True
+    rss_only: bool = False
+    child: str | None = dataclasses.field(default=None, metadata={"choices": KINDS, "hidden": True})
+    metrics_json: Path | None = None
+
+
+def parse_args(argv=None) -> Options:
+    return script_options(Options, argv, __doc__.splitlines()[0])
 
 
 def build(args, kind: str):
@@ -154,7 +177,7 @@ def main(argv=None) -> int:
     from saffu.runner import exact_run
     exact_run(args.workdir, args.exact_run)          # what the residual reads: made here on a fresh clone
     result = {"command": " ".join([sys.executable, *sys.argv]), "load_average_before": os.getloadavg()}
-    if not args.no_rss:        # first, while this process is small (see :func:`child`)
+    if args.rss:        # first, while this process is small (see :func:`child`)
         forwarded = list(sys.argv[1:])
         if "--metrics-json" in forwarded:
             i = forwarded.index("--metrics-json")

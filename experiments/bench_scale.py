@@ -15,7 +15,7 @@ Each measurement runs in a fresh worker process (so forced CPU device counts, se
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import os
 import resource
@@ -23,6 +23,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from saffu._io import SaffuError
+from saffu.flags import script_options
 
 
 def worker(task: dict) -> dict:
@@ -79,18 +82,33 @@ def run_worker(task: dict, devices: int) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workdir", type=Path)
-    parser.add_argument("--scratch", type=Path, default=Path("runs/scale_scratch"))
-    parser.add_argument("--metrics-json", type=Path)
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+@dataclasses.dataclass
+class Options:
+    """The benchmark's inputs and outputs.
+
+    Attributes:
+      workdir: a prepared work directory
+      scratch: folder of the workers' training runs
+      metrics_json: write the figures as a JSON object here
+      worker: one measurement's task, as JSON (the script's own worker processes)
+    """
+
+    workdir: Path | None = None
+    scratch: Path = Path("runs/scale_scratch")
+    metrics_json: Path | None = None
+    worker: str | None = dataclasses.field(default=None, metadata={"hidden": True})
+
+
+def _check(options: Options) -> None:
+    if not options.worker and options.workdir is None:
+        raise SaffuError("--workdir is required")
+
+
+def main(argv=None):
+    args = script_options(Options, argv, __doc__.splitlines()[0], check=_check)
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
         return
-    if args.workdir is None:
-        parser.error("--workdir is required")
     base = {"workdir": str(args.workdir), "scratch": str(args.scratch)}
     metrics: dict = {}
     for devices in (1, 2, 4):

@@ -28,7 +28,7 @@ are noisy, compare figures of one run.
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -37,43 +37,61 @@ import sys
 import time
 from pathlib import Path
 
+from saffu.flags import script_options
+
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ("transformer", "exact", "residual")
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workdir", type=Path, default=ROOT / "runs" / "babylm", help="prepared work directory")
-    parser.add_argument("--exact-run", type=Path, default=ROOT / "runs" / "budgets" / "exact" / "1",
-                        help="a `saffu exact` run on --workdir (the exact model and the residual's tables); made "
-                             "there first when it does not exist")
-    parser.add_argument("--blimp-dir", type=Path, default=ROOT.parent / "shared" / "data" / "blimp",
-                        help="folder of BLiMP *.jsonl paradigm files")
-    parser.add_argument("--blimp-files", type=int, default=0, help="first N paradigm files only (0: all)")
-    parser.add_argument("--eval-tokens", type=int, default=100_000,
-                        help="dev tokens scored (whole documents spread over the split; 0: the whole split)")
-    parser.add_argument("--train-steps", type=int, default=8,
-                        help="timed training steps (after two compiling ones; the median is kept)")
-    parser.add_argument("--step-rounds", type=int, default=20,
-                        help="with the transformer and the residual: their training steps timed alternately in "
-                             "one process for this many rounds (experiments/bench_residual.py, with each one's "
-                             "peak RSS); 0: skip")
-    parser.add_argument("--rounds", type=int, default=1,
-                        help="measure every model this many times, the models interleaved round by round, and "
-                             "keep the medians (a shared machine's load drifts during a run)")
-    parser.add_argument("--width", type=int, default=128, help="transformer width")
-    parser.add_argument("--layers", type=int, default=5, help="transformer layers")
-    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
-    parser.add_argument("--before", action="store_true", help="also time the previous scoring paths")
-    parser.add_argument("--before-blimp-files", type=int, default=None,
-                        help="paradigm files of the previous BLiMP path (default: as --blimp-files)")
-    parser.add_argument("--quick", action="store_true",
-                        help="tiny settings, one process per model (peak RSS figures cumulative): 2,000 dev "
-                             "tokens, 1 paradigm file, 1 timed step, --before")
-    parser.add_argument("--metrics-json", type=Path, help="write the figures here as JSON")
-    parser.add_argument("--write-result", action="store_true", help="write results/bench_scoring.json")
-    parser.add_argument("--child", help=argparse.SUPPRESS)      # MODEL:MEASUREMENT, run in a subprocess
-    args = parser.parse_args(argv)
+@dataclasses.dataclass
+class Options:
+    """The models, the measurements and their settings.
+
+    Attributes:
+      workdir: prepared work directory
+      exact_run: a `saffu exact` run on --workdir (the exact model and the residual's tables); made
+        there first when it does not exist
+      blimp_dir: folder of BLiMP *.jsonl paradigm files
+      blimp_files: first N paradigm files only (0: all)
+      eval_tokens: dev tokens scored (whole documents spread over the split; 0: the whole split)
+      train_steps: timed training steps (after two compiling ones; the median is kept)
+      step_rounds: with the transformer and the residual: their training steps timed alternately in
+        one process for this many rounds (experiments/bench_residual.py, with each one's peak RSS); 0: skip
+      rounds: measure every model this many times, the models interleaved round by round, and keep
+        the medians (a shared machine's load drifts during a run)
+      width: transformer width
+      layers: transformer layers
+      models: the models measured
+      before: also time the previous scoring paths
+      before_blimp_files: paradigm files of the previous BLiMP path (default: as --blimp-files)
+      quick: tiny settings, one process per model (peak RSS figures cumulative): 2,000 dev tokens,
+        1 paradigm file, 1 timed step, --before
+      metrics_json: write the figures here as JSON
+      write_result: write results/bench_scoring.json
+      child: internal: MODEL:MEASUREMENT[,MEASUREMENT…], run in a subprocess
+    """
+
+    workdir: Path = ROOT / "runs" / "babylm"
+    exact_run: Path = ROOT / "runs" / "budgets" / "exact" / "1"
+    blimp_dir: Path = ROOT.parent / "shared" / "data" / "blimp"
+    blimp_files: int = 0
+    eval_tokens: int = 100_000
+    train_steps: int = 8
+    step_rounds: int = 20
+    rounds: int = 1
+    width: int = 128
+    layers: int = 5
+    models: tuple[str, ...] = dataclasses.field(default=MODELS, metadata={"choices": MODELS, "nargs": "+"})
+    before: bool = False
+    before_blimp_files: int | None = None
+    quick: bool = False
+    metrics_json: Path | None = None
+    write_result: bool = False
+    child: str | None = dataclasses.field(default=None, metadata={"hidden": True})
+
+
+def parse_args(argv=None) -> Options:
+    args = script_options(Options, argv, __doc__.splitlines()[0])
     if args.quick:
         args.eval_tokens, args.blimp_files, args.train_steps, args.before, args.rounds = 2000, 1, 1, True, 1
         args.step_rounds = min(args.step_rounds, 2)

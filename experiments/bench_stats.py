@@ -29,7 +29,7 @@ Guarding against regressions:
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -47,34 +47,49 @@ from saffu import accumulate_states, local_mesh, offset_cooccurrence, open_workd
 from saffu._io import write_metrics
 from saffu.data.tokenizer import EOD_ID, PAD_ID
 from saffu.engine.accumulators import _compiled_step
+from saffu.flags import script_options
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "results" / "bench_stats.json"
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
-    parser.add_argument("--workdir", type=Path, required=True, help="prepared work directory")
-    parser.add_argument("--radius", type=int, default=8, help="offsets M")
-    parser.add_argument("--bits", type=int, default=128, help="cipher bits")
-    parser.add_argument("--devices", type=int, default=os.cpu_count(),
-                        help="also time the engine sharded over this many forced CPU devices "
-                             "(XLA_FLAGS; default: one per core). The headline figures use one "
-                             "device, JAX's default on a CPU host")
-    parser.add_argument("--chunk-size", type=int, default=1 << 15)
-    parser.add_argument("--repeats", type=int, default=3, help="timing repeats per method (median is kept)")
-    parser.add_argument("--metrics-json", type=Path)
-    parser.add_argument("--write-result", action="store_true", help=f"store the figures in {RESULT.relative_to(ROOT)}")
-    parser.add_argument("--check", action="store_true",
-                        help="exit nonzero on a regression against the stored figures (see --min-speedup, --max-slowdown)")
-    parser.add_argument("--min-speedup", type=float, default=10.0,
-                        help="--check: the least median speed-up of the one-device engine over np.add.at")
-    parser.add_argument("--max-slowdown", type=float, default=1.5,
-                        help="--check: the most the speed-up over numpy may fall below the stored one (a factor)")
-    parser.add_argument("--against", metavar="REV",
-                        help="also run REV's bench_stats.py from a git worktree, alternating with this one, "
-                             "and report the ratio")
-    return parser.parse_args(argv)
+@dataclasses.dataclass
+class Options:
+    """The statistics, the timing and the regression check.
+
+    Attributes:
+      workdir: prepared work directory
+      radius: offsets M
+      bits: cipher bits
+      devices: also time the engine sharded over this many forced CPU devices (XLA_FLAGS; one per
+        core by default); the headline figures use one device, JAX's default on a CPU host
+      chunk_size: tokens per chunk of the engine
+      repeats: timing repeats per method (median is kept)
+      metrics_json: write the figures here as a flat JSON object
+      write_result: store the figures in results/bench_stats.json
+      check: exit nonzero on a regression against the stored figures (see --min-speedup, --max-slowdown)
+      min_speedup: --check: the least median speed-up of the one-device engine over np.add.at
+      max_slowdown: --check: the most the speed-up over numpy may fall below the stored one (a factor)
+      against: also run REV's bench_stats.py from a git worktree, alternating with this one, and
+        report the ratio
+    """
+
+    workdir: Path = dataclasses.field(metadata={"required": True})
+    radius: int = 8
+    bits: int = 128
+    devices: int = os.cpu_count()
+    chunk_size: int = 1 << 15
+    repeats: int = 3
+    metrics_json: Path | None = None
+    write_result: bool = False
+    check: bool = False
+    min_speedup: float = 10.0
+    max_slowdown: float = 1.5
+    against: str | None = dataclasses.field(default=None, metadata={"metavar": "REV"})
+
+
+def parse_args(argv=None) -> Options:
+    return script_options(Options, argv, __doc__.splitlines()[0])
 
 
 ARGS = parse_args()

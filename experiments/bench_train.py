@@ -23,8 +23,8 @@ without it that row is left out. The PyTorch rows need ``pip install -e '.[bench
 
 from __future__ import annotations
 
-import argparse
 import collections
+import dataclasses
 import glob
 import json
 import os
@@ -47,32 +47,51 @@ VARIANTS = (("saffu", "saffu", "0"), ("saffu-before", "saffu", "0"), ("torch-eag
             ("torch-eager", "torch", "0,1"), ("torch-compile", "torch", "0,1"))
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workdir", type=Path, default=ROOT / "runs" / "babylm",
-                        help="a prepared work directory whose training tokens make the batches (random tokens if absent)")
-    parser.add_argument("--before", type=Path, help="a checkout of the revision to compare with (its saffu/ is imported)")
-    parser.add_argument("--vocab-size", type=int, default=8192)
-    parser.add_argument("--width", type=int, default=128)
-    parser.add_argument("--layers", type=int, default=5)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--context", type=int, default=32, help="context tokens before a window's targets")
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--warm-steps", type=int, default=8, help="untimed steps first (compilation)")
-    parser.add_argument("--steps", type=int, default=6, help="timed steps per variant and round")
-    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds (the median is kept)")
-    parser.add_argument("--variants", help="comma-separated names[@cores] to run (default: all), "
-                                           "e.g. saffu@1,torch-eager@1,saffu-mp2@2")
-    parser.add_argument("--quick", action="store_true", help="a small model, one round (about two minutes)")
-    parser.add_argument("--metrics-json", type=Path, help="also write the figures here")
-    parser.add_argument("--write-result", action="store_true", help="write results/bench_train.json")
-    parser.add_argument("--child", help=argparse.SUPPRESS)       # internal: run one variant
-    parser.add_argument("--spec", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--process-id", type=int, default=0, help=argparse.SUPPRESS)
-    parser.add_argument("--coordinator", help=argparse.SUPPRESS)
-    return parser.parse_args(argv)
+@dataclasses.dataclass
+class Options:
+    """The model, the variants and the timing.
+
+    Attributes:
+      workdir: a prepared work directory whose training tokens make the batches (random tokens if absent)
+      before: a checkout of the revision to compare with (its saffu/ is imported)
+      vocab_size: vocabulary size V
+      width: model width d
+      layers: transformer layers
+      heads: attention heads
+      context: context tokens before a window's targets
+      batch_size: windows per step
+      seq_len: targets per window
+      warm_steps: untimed steps first (compilation)
+      steps: timed steps per variant and round
+      rounds: alternating rounds (the median is kept)
+      variants: comma-separated names[@cores] to run (default: all), e.g. saffu@1,torch-eager@1,saffu-mp2@2
+      quick: a small model, one round (about two minutes)
+      metrics_json: also write the figures here
+      write_result: write results/bench_train.json
+    """
+
+    workdir: Path = ROOT / "runs" / "babylm"
+    before: Path | None = None
+    vocab_size: int = 8192
+    width: int = 128
+    layers: int = 5
+    heads: int = 4
+    context: int = 32
+    batch_size: int = 16
+    seq_len: int = 256
+    warm_steps: int = 8
+    steps: int = 6
+    rounds: int = 2
+    variants: str | None = None
+    quick: bool = False
+    metrics_json: Path | None = None
+    write_result: bool = False
+
+
+def parse_args(argv=None) -> Options:
+    # imported here, not at the top: a variant's process (:func:`child`) imports its own saffu
+    from saffu.flags import script_options
+    return script_options(Options, argv, __doc__.splitlines()[0])
 
 
 # ------------------------------------------------------------------------------------- children
@@ -301,17 +320,16 @@ def _torch_model(spec: dict, init: dict):
     return GPT()
 
 
-def child(args) -> int:
-    spec, batches = _load_spec(args.spec)
-    name = args.child
+def child(name: str, spec_path: str, out: str, process_id: int = 0, coordinator: str | None = None) -> None:
+    """One variant's process (:func:`_run_child`): its figures written to ``out`` (by process 0)."""
+    spec, batches = _load_spec(Path(spec_path))
     if name.startswith("torch"):
         result = _torch_child(spec, batches, name == "torch-compile", spec["threads"])
     else:
-        job = (args.coordinator, args.process_id) if name == "saffu-mp2" else None
+        job = (coordinator, process_id) if name == "saffu-mp2" else None
         result = _saffu_child(spec, batches, name in ("saffu-dp2", "saffu-mp2"), spec.get("profile", False), job)
-    if args.process_id == 0:
-        args.out.write_text(json.dumps(result))
-    return 0
+    if process_id == 0:
+        Path(out).write_text(json.dumps(result))
 
 
 # --------------------------------------------------------------------------------------- parent
@@ -359,24 +377,29 @@ def _run_child(name: str, cores: str, spec: dict, folder: Path, before: Path | N
     spec_path, out = folder / "spec.json", folder / "out.json"
     spec_path.write_text(json.dumps(spec))
     out.unlink(missing_ok=True)
+    # the process calls child() and parses no flags, so it imports its variant's saffu only (the
+    # revision before's; none for PyTorch, whose host allocator saffu's import would set)
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PYTHONPATH")}
-    cwd = ROOT
+    env["PYTHONPATH"], cwd = str(ROOT / "experiments"), ROOT
     if name == "saffu-before":
-        env["PYTHONPATH"], cwd = str(before), before
+        env["PYTHONPATH"], cwd = os.pathsep.join([str(before.resolve()), env["PYTHONPATH"]]), before
     if name == "saffu-dp2":
         env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
-    command = [sys.executable, str(Path(__file__).resolve()), "--child", name, "--spec", str(spec_path),
-               "--out", str(out)]
+
+    def command(*job) -> list[str]:     # child(name, spec, out[, process id, coordinator]) in a fresh Python
+        arguments = ", ".join(map(repr, (name, str(spec_path), str(out), *job)))
+        return [sys.executable, "-c", f"from bench_train import child; child({arguments})"]
+
     if name == "saffu-mp2":     # one process per core, joined by jax.distributed
         from saffu.engine.distributed import local_coordinator
         coordinator = local_coordinator()
-        jobs = [subprocess.Popen(["taskset", "-c", core, *command, "--coordinator", coordinator, "--process-id",
-                                  str(i)], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        jobs = [subprocess.Popen(["taskset", "-c", core, *command(i, coordinator)], cwd=cwd, env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                 for i, core in enumerate(cores.split(","))]
         done = [(job, *job.communicate()) for job in jobs]
         failed = [err for job, _, err in done if job.returncode]
     else:
-        run = subprocess.run(["taskset", "-c", cores, *command], cwd=cwd, env=env, capture_output=True, text=True)
+        run = subprocess.run(["taskset", "-c", cores, *command()], cwd=cwd, env=env, capture_output=True, text=True)
         failed = [run.stderr] if run.returncode else []
     if failed:
         raise RuntimeError(f"{name} on cores {cores} failed:\n{failed[0][-3000:]}")
@@ -400,8 +423,6 @@ def _wanted(args, torch_ok: bool) -> list[tuple[str, str]]:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.child:
-        return child(args)
     if args.quick:
         args.vocab_size, args.width, args.layers, args.seq_len, args.batch_size = 2048, 64, 2, 64, 8
         args.steps, args.rounds, args.workdir = 3, 1, Path("/nonexistent")

@@ -45,7 +45,7 @@ runs of one width and one vocabulary, and ``--report --also`` gathers several ``
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import datetime
 import json
 import statistics
@@ -55,7 +55,9 @@ import any_model
 import warm_transformer as wt
 
 from results import RESULTS, write_result
+from saffu._io import SaffuError
 from saffu.eval.race import LOWER_BOUND, MEASURED, UPPER_BOUND, bound_text, compute_with_solve, multiplier, steps_to_reach
+from saffu.flags import script_options
 
 #: The vocabulary of the work directory every run made before rows recorded their own
 #: (babylm-2023-4src, BPE 8,192).
@@ -383,36 +385,63 @@ def _plot(rows: list[dict], path: Path) -> str:
     return str(path.relative_to(RESULTS.parent))
 
 
+@dataclasses.dataclass
+class Options:
+    """The sweep's runs to plan, train or report.
+
+    Attributes:
+      workdir: the prepared work directory (babylm-2023-4src, BPE 8,192)
+      out: runs go here
+      plan: list the sweep's runs and which are finished
+      next: run the next N unfinished runs of the sweep
+      runs: run these (e.g. cold:4:128:0), each at its start's rate (RATES) unless LR is given
+      exact_run: an existing `saffu exact` run of the whole training split
+      report: gather the finished runs (results/budgets.json)
+      also: with --report: further --out folders (e.g. the runs of another vocabulary)
+      write: with --report: write results/budgets.json and the plot (--no-write: print only)
+    """
+
+    workdir: Path | None = None
+    out: Path = Path("runs/budgets")
+    plan: bool = False
+    next: int = 0
+    runs: tuple[str, ...] = dataclasses.field(default=(), metadata={"nargs": "+",
+                                                                     "metavar": "START:EPOCHS:WIDTH:SEED[:LR]"})
+    exact_run: Path | None = None
+    report: bool = False
+    also: tuple[Path, ...] = dataclasses.field(default=(), metadata={"nargs": "+"})
+    write: bool = True
+
+
+def run_of(spec: str) -> tuple[str, int, int, int, float]:
+    """A ``--runs`` spec ``START:EPOCHS:WIDTH:SEED[:LR]`` as ``(start, epochs, width, seed, rate)``
+    (the rate its start's, :data:`RATES`, unless LR is given)."""
+    try:
+        start, epochs, width, seed, *rate = spec.split(":")
+        if start not in STARTS:
+            raise SaffuError(f"unknown start {start!r} in {spec!r}; one of {', '.join(STARTS)}")
+        if start in MODEL_STARTS and int(width) != 128:
+            raise SaffuError(f"{start} runs at width 128 only (any_model's size), got {spec!r}")
+        if start in MODEL_STARTS and rate and float(rate[0]) != RATES[start]:
+            raise SaffuError(f"{start} runs at its rate {RATES[start]:g} only, got {spec!r}")
+        if len(rate) > 1 or (rate and not float(rate[0]) > 0):
+            raise ValueError
+        return start, int(epochs), int(width), int(seed), float(rate[0]) if rate else RATES[start]
+    except ValueError:
+        raise SaffuError(f"--runs takes START:EPOCHS:WIDTH:SEED or START:EPOCHS:WIDTH:SEED:LR (LR > 0), "
+                         f"got {spec!r}") from None
+
+
+def check(options: Options) -> None:
+    for spec in options.runs:
+        run_of(spec)
+    if (options.runs or options.next > 0) and options.workdir is None:
+        raise SaffuError("--workdir is required to train")
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--workdir", type=Path, help="the prepared work directory (babylm-2023-4src, BPE 8,192)")
-    parser.add_argument("--out", type=Path, default=Path("runs/budgets"), help="runs go here")
-    parser.add_argument("--plan", action="store_true", help="list the sweep's runs and which are finished")
-    parser.add_argument("--next", type=int, default=0, help="run the next N unfinished runs of the sweep")
-    parser.add_argument("--runs", nargs="+", default=[], metavar="START:EPOCHS:WIDTH:SEED[:LR]",
-                        help="run these (e.g. cold:4:128:0), each at its start's rate (RATES) unless LR is given")
-    parser.add_argument("--exact-run", type=Path, help="an existing `saffu exact` run of the whole training split")
-    parser.add_argument("--report", action="store_true", help="gather the finished runs (results/budgets.json)")
-    parser.add_argument("--also", type=Path, nargs="+", default=[], help="with --report: further --out folders "
-                        "(e.g. the runs of another vocabulary)")
-    parser.add_argument("--no-write", action="store_true", help="with --report: print only")
-    args = parser.parse_args(argv)
-    todo = []
-    for spec in args.runs:
-        try:
-            start, epochs, width, seed, *rate = spec.split(":")
-            if start not in STARTS:
-                parser.error(f"unknown start {start!r} in {spec!r}; one of {', '.join(STARTS)}")
-            if start in MODEL_STARTS and int(width) != 128:
-                parser.error(f"{start} runs at width 128 only (any_model's size), got {spec!r}")
-            if start in MODEL_STARTS and rate and float(rate[0]) != RATES[start]:
-                parser.error(f"{start} runs at its rate {RATES[start]:g} only, got {spec!r}")
-            if len(rate) > 1 or (rate and not float(rate[0]) > 0):
-                raise ValueError
-            todo.append((start, int(epochs), int(width), int(seed), float(rate[0]) if rate else RATES[start]))
-        except ValueError:
-            parser.error(f"--runs takes START:EPOCHS:WIDTH:SEED or START:EPOCHS:WIDTH:SEED:LR (LR > 0), got {spec!r}")
+    args = script_options(Options, argv, __doc__.splitlines()[0], check=check)
+    todo = [run_of(spec) for spec in args.runs]
     vocab = FIRST_VOCAB
     if args.workdir is not None:
         from saffu.data.workdir import open_workdir
@@ -436,8 +465,6 @@ def main(argv=None):
                     state = "to run" + ("" if minutes is None else f", about {minutes:.0f} min on one core")
                 print(f"{run[0]:>18}  {run[1]} epochs  width {run[2]}  seed {run[3]}  lr {RATES[run[0]]:g}: {state}")
     todo += [(*run, RATES[run[0]]) for run in pending[:args.next]]
-    if todo and args.workdir is None:
-        parser.error("--workdir is required to train")
     for start, epochs, width, seed, rate in todo:
         if start in MODEL_STARTS:
             model, init = MODEL_STARTS[start]
@@ -450,7 +477,7 @@ def main(argv=None):
                 "--folds", str(CROSSFIT_FOLDS.get(start, 2))]
         wt.main(argv + (["--exact-run", str(args.exact_run)] if args.exact_run else []))
     if args.report:
-        report(args.out, write=not args.no_write, also=tuple(args.also))
+        report(args.out, write=args.write, also=args.also)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ a CPU run stays short. Outputs: ``OUT/device_check.json`` (everything, nested) a
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import hashlib
 import json
 import math
@@ -50,11 +50,12 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from saffu._io import atomic_write_json, write_metrics
+from saffu._io import SaffuError, atomic_write_json, write_metrics
 from saffu.configs import SaffuConfig, SolverConfig, TrainConfig
 from saffu.data.workdir import open_workdir, subset_workdir
 from saffu.engine.accumulators import accumulate_states, offset_cooccurrence, unigram_counts
 from saffu.engine.codes import sparse_bit_cipher
+from saffu.flags import script_options
 from saffu.solve.stack import solve_explicit
 from saffu.training.trainer import train
 
@@ -63,53 +64,68 @@ SETTINGS = ("train_tokens", "dev_tokens", "bits", "radius", "steps", "batch_size
             "eval_windows", "solve_chunk_size", "holdout_tokens", "vocab_size", "train_stream_tokens")
 
 
-def chunk_sizes(text: str) -> list[int]:
-    """``4096,1<<15`` -> ``[4096, 32768]``."""
+def chunk_sizes(text: str) -> tuple[int, ...]:
+    """``4096,1<<15`` -> ``(4096, 32768)``."""
     sizes = []
     for part in text.split(","):
         base, _, shift = part.partition("<<")
-        try:
-            sizes.append(int(base) << int(shift or 0))
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{part!r} is not an integer or 'a<<b'") from None
-    if not sizes or min(sizes) < 1:
-        raise argparse.ArgumentTypeError("chunk sizes must be positive")
-    return sizes
+        sizes.append(int(base) << int(shift or 0))     # a ValueError: a usage error
+    return tuple(sizes)
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workdir", type=Path, required=True, help="prepared work directory")
-    parser.add_argument("--train-tokens", type=int,
-                        help="cut the training split to about this many tokens (subset_workdir); default: all")
-    parser.add_argument("--dev-tokens", type=int, default=100_000,
-                        help="with --train-tokens: dev split size of the subset (default 100000)")
-    parser.add_argument("--steps", type=int, default=100, help="training steps per compute dtype")
-    parser.add_argument("--batch-size", type=int, default=TrainConfig.batch_size, help="training windows per step")
-    parser.add_argument("--seq-len", type=int, default=TrainConfig.seq_len, help="targets per training window")
-    parser.add_argument("--eval-windows", type=int, default=TrainConfig.eval_windows,
-                        help="dev windows of the dev-loss evaluation")
-    parser.add_argument("--bits", type=int, default=128, help="cipher bits")
-    parser.add_argument("--radius", type=int, default=8, help="offsets M (SAFFU radius)")
-    parser.add_argument("--chunk-sizes", type=chunk_sizes,
-                        default=[1 << 12, 1 << 15, 1 << 17],
-                        help="statistics chunk sizes, comma-separated (default 4096,32768,131072; "
-                             "'1<<15' is accepted)")
-    parser.add_argument("--repeats", type=int, default=2,
-                        help="statistics passes per chunk size, the fastest kept (default 2)")
-    parser.add_argument("--solve-chunk-size", type=int, default=SolverConfig.chunk_size,
-                        help=f"chunk size of the solver's passes (default {SolverConfig.chunk_size})")
-    parser.add_argument("--holdout-tokens", type=int, default=SolverConfig.holdout_tokens,
-                        help=f"solver calibration holdout (default {SolverConfig.holdout_tokens}; "
-                             f"at most a tenth of the training stream)")
-    parser.add_argument("--out", type=Path, default=Path("runs/device_check"), help="output folder")
-    parser.add_argument("--reference", type=Path, help="device_check.json of a reference run (same settings)")
-    parser.add_argument("--rtol", type=float, default=1e-3,
-                        help="relative tolerance of the holdout and float32 dev losses (default 1e-3)")
-    parser.add_argument("--bf16-rtol", type=float, default=1e-2,
-                        help="relative tolerance of the bfloat16 dev loss (default 1e-2)")
-    parser.add_argument("--metrics-json", type=Path, help="flat JSON of the figures")
-    return parser.parse_args(argv)
+@dataclasses.dataclass
+class Options:
+    """The device check's sizes, reference and tolerances.
+
+    Attributes:
+      workdir: prepared work directory
+      train_tokens: cut the training split to about this many tokens (subset_workdir); default: all
+      dev_tokens: with --train-tokens: dev split size of the subset
+      steps: training steps per compute dtype
+      batch_size: training windows per step
+      seq_len: targets per training window
+      eval_windows: dev windows of the dev-loss evaluation
+      bits: cipher bits
+      radius: offsets M (SAFFU radius)
+      chunk_sizes: statistics chunk sizes, comma-separated ('1<<15' is accepted)
+      repeats: statistics passes per chunk size, the fastest kept
+      solve_chunk_size: chunk size of the solver's passes
+      holdout_tokens: solver calibration holdout (at most a tenth of the training stream)
+      out: output folder
+      reference: device_check.json of a reference run (same settings)
+      rtol: relative tolerance of the holdout and float32 dev losses
+      bf16_rtol: relative tolerance of the bfloat16 dev loss
+      metrics_json: flat JSON of the figures
+    """
+
+    workdir: Path = dataclasses.field(metadata={"required": True})
+    train_tokens: int | None = None
+    dev_tokens: int = 100_000
+    steps: int = 100
+    batch_size: int = TrainConfig.batch_size
+    seq_len: int = TrainConfig.seq_len
+    eval_windows: int = TrainConfig.eval_windows
+    bits: int = 128
+    radius: int = 8
+    chunk_sizes: tuple[int, ...] = dataclasses.field(default=(1 << 12, 1 << 15, 1 << 17),
+                                                     metadata={"type": chunk_sizes})
+    repeats: int = 2
+    solve_chunk_size: int = SolverConfig.chunk_size
+    holdout_tokens: int = SolverConfig.holdout_tokens
+    out: Path = Path("runs/device_check")
+    reference: Path | None = None
+    rtol: float = 1e-3
+    bf16_rtol: float = 1e-2
+    metrics_json: Path | None = None
+
+
+def _check(options: Options) -> None:
+    if min(options.chunk_sizes) < 1:
+        raise SaffuError("chunk sizes must be positive")
+
+
+def parse_args(argv=None) -> Options:
+    return script_options(Options, argv, __doc__.splitlines()[0], check=_check)
 
 
 def sha256_int64(*arrays) -> str:
@@ -144,7 +160,7 @@ def backend_info() -> dict:
     return info
 
 
-def statistics(stream: np.ndarray, vocab_size: int, bits: int, radius: int, chunk_sizes: list[int],
+def statistics(stream: np.ndarray, vocab_size: int, bits: int, radius: int, chunk_sizes: tuple[int, ...],
                repeats: int) -> dict:
     """Unigram + offset counts over ``stream`` per chunk size: wall seconds (with and without
     compilation) and checksums of the exact int64 states (identical over chunk sizes and repeats)."""

@@ -17,7 +17,7 @@ Needs ``pip install -e '.[eval]'`` (and ``'.[hf]'`` for the Hugging Face model).
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import datetime
 import json
 import shlex
@@ -28,21 +28,34 @@ from pathlib import Path
 
 from results import write_result
 from saffu._io import SaffuError
+from saffu.flags import script_options
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "results" / "harness_blimp.json"
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--run", action="append", required=True, help="NAME=RUN_FOLDER (repeatable)")
-    parser.add_argument("--blimp", type=Path, default=ROOT.parent / "shared" / "data" / "blimp")
-    parser.add_argument("--write-result", action="store_true", help="write results/harness_blimp.json")
-    parser.add_argument("--harness-only", action="store_true",
-                        help="the harness's saffu model alone (no saffu blimp, no Hugging Face export)")
-    parser.add_argument("--merge", action="store_true",
-                        help="keep the results file's rows of runs not named here (with --write-result)")
-    return parser.parse_args(argv)
+@dataclasses.dataclass
+class Options:
+    """The runs to score and where the figures go.
+
+    Attributes:
+      run: NAME=RUN_FOLDER (repeatable)
+      blimp: the BLiMP paradigms (a folder of .jsonl files)
+      write_result: write results/harness_blimp.json
+      harness_only: the harness's saffu model alone (no saffu blimp, no Hugging Face export)
+      merge: keep the results file's rows of runs not named here (with --write-result)
+    """
+
+    run: tuple[str, ...] = dataclasses.field(default=(), metadata={
+        "action": "append", "type": str, "nargs": None, "default": None, "required": True})
+    blimp: Path = ROOT.parent / "shared" / "data" / "blimp"
+    write_result: bool = False
+    harness_only: bool = False
+    merge: bool = False
+
+
+def parse_args(argv=None) -> Options:
+    return script_options(Options, argv, __doc__.splitlines()[0])
 
 
 def score(name: str, run: Path, blimp: Path, tasks: Path, harness_only: bool = False) -> dict:

@@ -11,7 +11,7 @@ Needs torch and transformers (``pip install -e '.[hf]'``). CPU, a small model:
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import math
 import subprocess
@@ -23,30 +23,54 @@ import numpy as np
 
 from results import write_result
 from saffu.data.workdir import open_workdir
-from saffu.flags import DEFAULT_CORPUS
+from saffu.flags import DEFAULT_CORPUS, script_options
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workdir", type=Path, default=ROOT / "runs" / "babylm", help="a prepared work directory")
-    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "hf_explicit_init", help="where checkpoints go")
-    parser.add_argument("--arch", choices=["llama", "gpt2"], default="llama")
-    parser.add_argument("--width", type=int, default=128)
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--learning-rate", type=float, default=3e-3)
-    parser.add_argument("--eval-every", type=int, default=100)
-    parser.add_argument("--eval-tokens", type=int, default=100_000, help="dev tokens (whole documents) per evaluation")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads")
-    parser.add_argument("--quick", action="store_true", help="a tiny model on the embedded corpus (a check)")
-    parser.add_argument("--write-result", action="store_true", help="write results/hf_explicit_init.json")
-    return parser.parse_args(argv)
+@dataclasses.dataclass
+class Options:
+    """The model, its training and the result file.
+
+    Attributes:
+      workdir: a prepared work directory
+      out: where checkpoints go
+      arch: the Hugging Face architecture
+      width: model width
+      layers: transformer blocks
+      heads: attention heads
+      steps: training steps of each start
+      batch_size: windows per step
+      seq_len: targets per window
+      learning_rate: peak learning rate (AdamW, warm-up then cosine)
+      eval_every: steps between dev evaluations
+      eval_tokens: dev tokens (whole documents) per evaluation
+      seed: seed of the random weights and the batches
+      threads: torch threads
+      quick: a tiny model on the embedded corpus (a check)
+      write_result: write results/hf_explicit_init.json
+    """
+
+    workdir: Path = ROOT / "runs" / "babylm"
+    out: Path = ROOT / "runs" / "hf_explicit_init"
+    arch: str = dataclasses.field(default="llama", metadata={"choices": ("llama", "gpt2")})
+    width: int = 128
+    layers: int = 2
+    heads: int = 4
+    steps: int = 300
+    batch_size: int = 16
+    seq_len: int = 128
+    learning_rate: float = 3e-3
+    eval_every: int = 100
+    eval_tokens: int = 100_000
+    seed: int = 0
+    threads: int = 1
+    quick: bool = False
+    write_result: bool = False
+
+
+def parse_args(argv=None) -> Options:
+    return script_options(Options, argv, __doc__.splitlines()[0])
 
 
 def make_checkpoint(args, random: bool) -> Path:

@@ -26,13 +26,13 @@ skipped on a rerun, so several processes can share ``--out`` (say one variant pe
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 from pathlib import Path
 
 import numpy as np
 
+from saffu.flags import script_options
 from saffu.models.interface import model_init
 
 VARIANTS = ("inherit", "scratch", "explicit")
@@ -175,25 +175,43 @@ def report(args) -> None:
     print(table)
 
 
+@dataclasses.dataclass
+class Options:
+    """The reference, the variants and their training.
+
+    Attributes:
+      workdir: a prepared work directory
+      reference: a trained transformer run (a folder with checkpoints/, and config.json for CLI runs)
+      reference_layers: blocks of a reference without config.json (warm_transformer.py's default model)
+      width: width of a reference without config.json
+      out: stages and the report go here
+      variants: the small models to train
+      layers: blocks of the small model (default: half the reference's)
+      grow: grow the inherited model until it matches the reference
+      learning_rate: peak learning rate (every stage)
+      seed: seed of the batches and the random init
+      eval_every: steps between dev evaluations
+      inspect_windows: dev windows of the attention profile
+      report: only gather the finished stages
+    """
+
+    workdir: Path = dataclasses.field(metadata={"required": True})
+    reference: Path = dataclasses.field(metadata={"required": True})
+    reference_layers: int = 5
+    width: int = 128
+    out: Path = Path("runs/inheritune")
+    variants: tuple[str, ...] = dataclasses.field(default=VARIANTS, metadata={"nargs": "+", "choices": VARIANTS})
+    layers: int | None = None
+    grow: bool = False
+    learning_rate: float = 0.01
+    seed: int = 0
+    eval_every: int = 50
+    inspect_windows: int = 64
+    report: bool = False
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--workdir", type=Path, required=True, help="a prepared work directory")
-    parser.add_argument("--reference", type=Path, required=True,
-                        help="a trained transformer run (a folder with checkpoints/, and config.json for CLI runs)")
-    parser.add_argument("--reference-layers", type=int, default=5,
-                        help="blocks of a reference without config.json (warm_transformer.py's default model)")
-    parser.add_argument("--width", type=int, default=128, help="width of a reference without config.json")
-    parser.add_argument("--out", type=Path, default=Path("runs/inheritune"))
-    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
-    parser.add_argument("--layers", type=int, help="blocks of the small model (default: half the reference's)")
-    parser.add_argument("--grow", action="store_true", help="grow the inherited model until it matches the reference")
-    parser.add_argument("--learning-rate", type=float, default=0.01)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--eval-every", type=int, default=50)
-    parser.add_argument("--inspect-windows", type=int, default=64, help="dev windows of the attention profile")
-    parser.add_argument("--report", action="store_true", help="only gather the finished stages")
-    args = parser.parse_args(argv)
+    args = script_options(Options, argv, __doc__.splitlines()[0])
     args.out.mkdir(parents=True, exist_ok=True)
     from saffu.data.workdir import open_workdir
     source = open_workdir(args.workdir)

@@ -11,11 +11,13 @@ difference.
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import re
 import sys
 from pathlib import Path
+
+from saffu.flags import script_options
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS, PAGES = ROOT / "results", ROOT / "docs" / "results"
@@ -508,10 +510,15 @@ def outputs() -> dict[Path, str]:
     return {**pages(), README: render_readme(README.read_text())}
 
 
+@dataclasses.dataclass
+class Options:
+    """Attributes:
+      check: only compare; exit 1 on a difference"""
+    check: bool = False
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="only compare; exit 1 on a difference")
-    args = parser.parse_args(argv)
+    args = script_options(Options, argv, __doc__.splitlines()[0])
     stale = []
     for path, text in outputs().items():
         if path.exists() and path.read_text() == text:

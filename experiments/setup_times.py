@@ -17,8 +17,8 @@ then refreshes the results pages and the README's generated blocks
 
 from __future__ import annotations
 
-import argparse
 import collections
+import dataclasses
 import datetime
 import json
 import os
@@ -29,6 +29,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from saffu.flags import script_options
 
 ROOT = Path(__file__).resolve().parents[1]
 COUNTS = ("failed", "passed", "skipped", "xfailed", "xpassed", "error", "errors")
@@ -84,14 +86,22 @@ def test_summary(lines: list[str]) -> str:
     return ""
 
 
+@dataclasses.dataclass
+class Options:
+    """What is kept and refreshed afterwards.
+
+    Attributes:
+      keep: keep the clone (default: removed at the end)
+      render: refresh the results pages and the README's generated blocks (--no-render: write
+        results/setup.json only; run experiments/render_results.py yourself)
+    """
+
+    keep: bool = False
+    render: bool = True
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n".join(__doc__.splitlines()[2:]))
-    parser.add_argument("--keep", action="store_true", help="keep the clone (default: removed at the end)")
-    parser.add_argument("--no-render", action="store_true",
-                        help="write results/setup.json only; run experiments/render_results.py yourself")
-    args = parser.parse_args(argv)
+    args = script_options(Options, argv, __doc__.splitlines()[0])
 
     from results import write_result
 
@@ -125,12 +135,12 @@ def main(argv=None) -> int:
             say(f"kept the clone: {clone}")
         else:
             shutil.rmtree(clone, ignore_errors=True)
-    if args.no_render:
-        say("now run: python experiments/render_results.py")
-    else:
+    if args.render:
         import render_results
         say("refreshing the results pages and the README's generated blocks")
         render_results.main([])
+    else:
+        say("now run: python experiments/render_results.py")
     return 0 if demo_ok and test_ok else 1
 
 

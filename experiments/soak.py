@@ -16,8 +16,8 @@ Writes ``results/soak.json`` (figures, command, date, seed, machine, load) and p
 
 from __future__ import annotations
 
-import argparse
 import contextlib
+import dataclasses
 import datetime
 import os
 import sys
@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from results import write_result
+from saffu.flags import script_options
 from saffu.models.interface import model_init
 
 #: Fields of a metrics record that are timings or memory, not results.
@@ -49,20 +50,33 @@ def metrics_lines(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line]
 
 
+@dataclasses.dataclass
+class Options:
+    """The soak's runs.
+
+    Attributes:
+      workdir: a prepared work directory (default: the embedded corpus, prepared into a temporary folder)
+      epochs: epochs of the long run
+      resumes: stops and resumes of the resumed run
+      every: steps between evaluations and checkpoints of the long run
+      resume_every: steps between the resumed run's stops
+      width: transformer width
+      seed: the seed of both runs
+      write: write results/soak.json (--no-write: print only)
+    """
+
+    workdir: Path | None = None
+    epochs: int = 20
+    resumes: int = 40
+    every: int = 100
+    resume_every: int = 10
+    width: int = 32
+    seed: int = 0
+    write: bool = True
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--workdir", type=Path, help="a prepared work directory (default: the embedded corpus, "
-                                                     "prepared into a temporary folder)")
-    parser.add_argument("--epochs", type=int, default=20, help="epochs of the long run")
-    parser.add_argument("--resumes", type=int, default=40, help="stops and resumes of the resumed run")
-    parser.add_argument("--every", type=int, default=100,
-                        help="steps between evaluations and checkpoints of the long run")
-    parser.add_argument("--resume-every", type=int, default=10, help="steps between the resumed run's stops")
-    parser.add_argument("--width", type=int, default=32, help="transformer width")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--no-write", action="store_true", help="print only; leave results/soak.json alone")
-    args = parser.parse_args(argv)
+    args = script_options(Options, argv, __doc__.splitlines()[0])
 
     import jax
 
@@ -140,7 +154,7 @@ def main(argv=None):
     }
     for key, value in figures.items():
         print(f"  {key:<44} {value:.2f}" if isinstance(value, float) else f"  {key:<44} {value}")
-    if not args.no_write:
+    if args.write:
         path = write_result("soak", {**figures, "rss_long_mb": rss_long, "rss_resumes_mb": rss_resumes},
                             seeds=[args.seed], load={"load_average_1min_before": load_before,
                                                      "load_average_1min_after": os.getloadavg()[0]},

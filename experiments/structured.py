@@ -36,7 +36,7 @@ Finished runs are skipped on a rerun, so one process per core can share ``--out`
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import math
 import os
@@ -46,6 +46,8 @@ from pathlib import Path
 
 import numpy as np
 
+from saffu._io import SaffuError
+from saffu.flags import script_options
 from saffu.models.interface import model_init, model_logits
 
 KINDS = ("lowrank", "blockdense", "blockshuffle")
@@ -334,43 +336,77 @@ def _claimed(path: Path) -> bool:
     return True
 
 
+@dataclasses.dataclass
+class Options:
+    """The structured layers' runs and report.
+
+    Attributes:
+      workdir: a prepared work directory (not needed for --report)
+      out: runs and the report go here
+      part: the runs to make
+      widths: transformer widths
+      layers: transformer blocks
+      shares: structured weights as a share of the dense layer's
+      blocks: blocks of blockdense / blockshuffle
+      structures: the transformer runs to make (dense is the baseline of its width)
+      trainings: how the structured transformers train
+      self_guided: share of the steps with the dense guide
+      rank: rank r of the factorised model
+      chain_bits: cipher bits b of the SAFFU chain (D = b + 1)
+      chain_blocks: blocks of a blockdense chain layer (K = 129 = 3 · 43)
+      chain_learning_rate: peak learning rate of the chain runs
+      steps: optimizer steps of every run
+      learning_rate: peak learning rate (every run)
+      seed: seed of the data order and the random init
+      eval_every: steps between dev evaluations
+      eval_windows: dev windows of the periodic evaluations
+      eval_tokens: dev tokens of the final score
+      latency_width: width of the MLP-alone latency
+      latency_batch: windows of 256 tokens per timed forward
+      report: only gather the finished runs
+      metrics_json: flat JSON of the report's rows
+    """
+
+    workdir: Path | None = None
+    out: Path = Path("runs/structured")
+    part: str = dataclasses.field(default="all", metadata={
+        "choices": ("transformer", "factorised", "chain", "latency", "all")})
+    widths: tuple[int, ...] = dataclasses.field(default=(64, 128), metadata={"nargs": "+"})
+    layers: int = 2
+    shares: tuple[float, ...] = dataclasses.field(default=(0.32, 0.63), metadata={"nargs": "+"})
+    blocks: int = 4
+    structures: tuple[str, ...] = dataclasses.field(default=("dense",) + KINDS,
+                                                    metadata={"nargs": "+", "choices": ("dense",) + KINDS})
+    trainings: tuple[str, ...] = dataclasses.field(default=("plain", "self-guided"),
+                                                   metadata={"nargs": "+", "choices": ("plain", "self-guided")})
+    self_guided: float = 0.5
+    rank: int = 128
+    chain_bits: int = 128
+    chain_blocks: int = 3
+    chain_learning_rate: float = 0.003
+    steps: int = 150
+    learning_rate: float = 0.01
+    seed: int = 0
+    eval_every: int = 25
+    eval_windows: int = 64
+    eval_tokens: int = 200_000
+    latency_width: int = 1024
+    latency_batch: int = 4
+    report: bool = False
+    metrics_json: Path | None = None
+
+
+def _check(options: Options) -> None:
+    if min(options.shares) <= 0 or max(options.shares) > 1:
+        raise SaffuError("--shares must lie in (0, 1]")
+    if not options.report and options.workdir is None:
+        raise SaffuError("--workdir is required to train")
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--workdir", type=Path, help="a prepared work directory (not needed for --report)")
-    parser.add_argument("--out", type=Path, default=Path("runs/structured"), help="runs and the report go here")
-    parser.add_argument("--part", choices=["transformer", "factorised", "chain", "latency", "all"], default="all")
-    parser.add_argument("--widths", type=int, nargs="+", default=[64, 128], help="transformer widths")
-    parser.add_argument("--layers", type=int, default=2, help="transformer blocks")
-    parser.add_argument("--shares", type=float, nargs="+", default=[0.32, 0.63],
-                        help="structured weights as a share of the dense layer's")
-    parser.add_argument("--blocks", type=int, default=4, help="blocks of blockdense / blockshuffle")
-    parser.add_argument("--structures", nargs="+", choices=("dense",) + KINDS, default=("dense",) + KINDS,
-                        help="the transformer runs to make (dense is the baseline of its width)")
-    parser.add_argument("--trainings", nargs="+", choices=("plain", "self-guided"), default=("plain", "self-guided"),
-                        help="how the structured transformers train")
-    parser.add_argument("--self-guided", type=float, default=0.5, help="share of the steps with the dense guide")
-    parser.add_argument("--rank", type=int, default=128, help="rank r of the factorised model")
-    parser.add_argument("--chain-bits", type=int, default=128, help="cipher bits b of the SAFFU chain (D = b + 1)")
-    parser.add_argument("--chain-blocks", type=int, default=3, help="blocks of a blockdense chain layer (K = 129 = 3 · 43)")
-    parser.add_argument("--chain-learning-rate", type=float, default=0.003, help="peak learning rate of the chain runs")
-    parser.add_argument("--steps", type=int, default=150, help="optimizer steps of every run")
-    parser.add_argument("--learning-rate", type=float, default=0.01, help="peak learning rate (every run)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the data order and the random init")
-    parser.add_argument("--eval-every", type=int, default=25, help="steps between dev evaluations")
-    parser.add_argument("--eval-windows", type=int, default=64, help="dev windows of the periodic evaluations")
-    parser.add_argument("--eval-tokens", type=int, default=200_000, help="dev tokens of the final score")
-    parser.add_argument("--latency-width", type=int, default=1024, help="width of the MLP-alone latency")
-    parser.add_argument("--latency-batch", type=int, default=4, help="windows of 256 tokens per timed forward")
-    parser.add_argument("--report", action="store_true", help="only gather the finished runs")
-    parser.add_argument("--metrics-json", type=Path, help="flat JSON of the report's rows")
-    args = parser.parse_args(argv)
-    if min(args.shares) <= 0 or max(args.shares) > 1:
-        parser.error("--shares must lie in (0, 1]")
+    args = script_options(Options, argv, __doc__.splitlines()[0], check=_check)
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.report:
-        if args.workdir is None:
-            parser.error("--workdir is required to train")
         from saffu.data.workdir import open_workdir
         workdir = open_workdir(args.workdir)
         if args.part in ("latency", "all"):

@@ -47,7 +47,6 @@ same windows).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
@@ -55,7 +54,9 @@ from pathlib import Path
 
 import numpy as np
 
+from saffu._io import SaffuError
 from saffu.configs import FactorConfig  # imports no jax
+from saffu.flags import script_options
 from saffu.models.interface import model_init
 
 VARIANTS = ("cold", "explicit-init", "explicit-init-rms1", "explicit-bias", "explicit-embed", "residual", "residual-learned",
@@ -388,51 +389,78 @@ def inspect(out: Path, args, source) -> dict:
     return profiles
 
 
+@dataclasses.dataclass
+class Options:
+    """The variants, seeds and shares of the training data to run, and the report.
+
+    Attributes:
+      workdir: a prepared work directory (not needed for --report)
+      out: runs and the report go here
+      variants: the variants to train
+      seeds: the seeds of each variant
+      fractions: shares of the training split
+      exact_run: an existing `saffu exact` run of the whole training split
+      kn_run: an existing Kneser-Ney 5-gram `saffu exact` run of the whole training split
+        (--groups "0 0,1 0,1,2 0,1,2,3" --buckets --holdout-tokens 0), for kn-residual
+      learning_rate: peak learning rate of every variant (without --probe-lrs)
+      probe_lrs: probe these peak learning rates per variant (the same budget for each) and train each variant at
+        its best
+      probe_fraction: share of the training data of each probe run
+      factor_refine_steps: likelihood steps of the explicit factors after the SVD, for explicit init (0: the SVD's
+        factors, as the README's 100% rows were measured; run names do not carry it: use another --out to compare)
+      width: transformer width
+      folds: folds of residual-crossfit
+      epochs: epochs of each main run (its own warm-up + cosine schedule over all of them)
+      checkpoint_every: steps between checkpoints (an interrupted run resumes from its last one)
+      layers: transformer blocks
+      eval_every: steps between dev evaluations
+      eval_windows: dev windows of the periodic evaluations
+      eval_tokens: dev tokens of the final score (0: all)
+      report: only gather the finished runs
+      metrics_json: flat JSON of the report's rows
+      inspect: also the attention diagnostics of every finished run (needs --workdir)
+      inspect_windows: dev windows of the attention diagnostics
+    """
+
+    workdir: Path | None = None
+    out: Path = Path("runs/warm_transformer")
+    variants: tuple[str, ...] = dataclasses.field(default=("cold", "explicit-init", "residual"),
+                                                  metadata={"choices": VARIANTS, "nargs": "+"})
+    seeds: tuple[int, ...] = dataclasses.field(default=(0, 1, 2), metadata={"nargs": "+"})
+    fractions: tuple[float, ...] = dataclasses.field(default=(1.0,), metadata={"nargs": "+"})
+    exact_run: Path | None = None
+    kn_run: Path | None = None
+    learning_rate: float = DEFAULT_LR
+    probe_lrs: tuple[float, ...] = dataclasses.field(default=(), metadata={"nargs": "+"})
+    probe_fraction: float = 0.25
+    factor_refine_steps: int = FactorConfig.refine_steps
+    width: int = 128
+    folds: int = 2
+    epochs: int = 1
+    checkpoint_every: int = 200
+    layers: int = 5
+    eval_every: int = 50
+    eval_windows: int = 128
+    eval_tokens: int = 0
+    report: bool = False
+    metrics_json: Path | None = None
+    inspect: bool = False
+    inspect_windows: int = 64
+
+
+def check(options: Options) -> None:
+    if options.probe_lrs and not 0 < options.probe_fraction <= 1:
+        raise SaffuError("--probe-fraction must be in (0, 1]")
+    if options.workdir is None and not options.report:
+        raise SaffuError("--workdir is required to train")
+    if options.workdir is None and options.inspect:
+        raise SaffuError("--inspect needs --workdir")
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--workdir", type=Path, help="a prepared work directory (not needed for --report)")
-    parser.add_argument("--out", type=Path, default=Path("runs/warm_transformer"), help="runs and the report go here")
-    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=["cold", "explicit-init", "residual"])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--fractions", type=float, nargs="+", default=[1.0], help="shares of the training split")
-    parser.add_argument("--exact-run", type=Path, help="an existing `saffu exact` run of the whole training split")
-    parser.add_argument("--kn-run", type=Path,
-                        help="an existing Kneser-Ney 5-gram `saffu exact` run of the whole training split "
-                             "(--groups \"0 0,1 0,1,2 0,1,2,3\" --buckets --holdout-tokens 0), for kn-residual")
-    parser.add_argument("--learning-rate", type=float, default=DEFAULT_LR,
-                        help="peak learning rate of every variant (without --probe-lrs)")
-    parser.add_argument("--probe-lrs", type=float, nargs="+",
-                        help="probe these peak learning rates per variant (the same budget for each) and train each "
-                             "variant at its best")
-    parser.add_argument("--probe-fraction", type=float, default=0.25,
-                        help="share of the training data of each probe run")
-    parser.add_argument("--factor-refine-steps", type=int, default=FactorConfig.refine_steps,
-                        help="likelihood steps of the explicit factors after the SVD, for explicit init (0: the "
-                             "SVD's factors, as the README's 100%% rows were measured; run names do not carry it: "
-                             "use another --out to compare)")
-    parser.add_argument("--width", type=int, default=128, help="transformer width")
-    parser.add_argument("--folds", type=int, default=2, help="folds of residual-crossfit")
-    parser.add_argument("--epochs", type=int, default=1,
-                        help="epochs of each main run (its own warm-up + cosine schedule over all of them)")
-    parser.add_argument("--checkpoint-every", type=int, default=200,
-                        help="steps between checkpoints (an interrupted run resumes from its last one)")
-    parser.add_argument("--layers", type=int, default=5, help="transformer blocks")
-    parser.add_argument("--eval-every", type=int, default=50, help="steps between dev evaluations")
-    parser.add_argument("--eval-windows", type=int, default=128, help="dev windows of the periodic evaluations")
-    parser.add_argument("--eval-tokens", type=int, default=0, help="dev tokens of the final score (0: all)")
-    parser.add_argument("--report", action="store_true", help="only gather the finished runs")
-    parser.add_argument("--metrics-json", type=Path, help="flat JSON of the report's rows")
-    parser.add_argument("--inspect", action="store_true",
-                        help="also the attention diagnostics of every finished run (needs --workdir)")
-    parser.add_argument("--inspect-windows", type=int, default=64, help="dev windows of the attention diagnostics")
-    args = parser.parse_args(argv)
-    if args.probe_lrs and not 0 < args.probe_fraction <= 1:
-        parser.error("--probe-fraction must be in (0, 1]")
+    args = script_options(Options, argv, __doc__.splitlines()[0], check=check)
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.report:
-        if args.workdir is None:
-            parser.error("--workdir is required to train")
         from saffu.data.workdir import open_workdir
         source = open_workdir(args.workdir)
         rates = {variant: probe(variant, args, source)["learning_rate"] if args.probe_lrs else args.learning_rate
@@ -449,8 +477,6 @@ def main(argv=None):
                           flush=True)
     summary = report(args.out)
     if args.inspect:
-        if args.workdir is None:
-            parser.error("--inspect needs --workdir")
         from saffu.data.workdir import open_workdir
         inspect(args.out, args, open_workdir(args.workdir))
     if args.metrics_json:

@@ -163,7 +163,7 @@ def script_options(cls: type, argv=None, description: str | None = None, check=N
     becomes a usage error (its message, exit status 2) like an unknown flag's."""
     fields = dataclasses.fields(cls)
     parser = argparse.ArgumentParser(description=description or (cls.__doc__ or "").strip().splitlines()[0],
-                                     formatter_class=HelpFormatter)
+                                     formatter_class=HelpFormatter, allow_abbrev=False)
     extra = {f.name: {key: value for key, value in f.metadata.items() if key != "hidden"} for f in fields}
     for f in fields:            # an internal flag (a script's child processes): parsed, not listed
         if f.metadata.get("hidden"):

@@ -48,3 +48,17 @@ def test_models_dispatch_through_the_registry_not_on_kind_strings():
                     and any(map(_strings, [node.left, *node.comparators]))):
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not found, "kind compared outside the registry:\n" + "\n".join(found)
+
+
+def test_experiments_parse_no_command_line_themselves():
+    """An experiment declares its options as a dataclass, which :func:`saffu.flags.script_options`
+    parses; no script imports argparse or edits the import path."""
+    found = []
+    for path in sorted((ROOT / "experiments").glob("*.py")):
+        text = path.read_text()
+        for node in ast.walk(ast.parse(text)):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            found += [f"{path.name}:{node.lineno}: import {n}" for n in names if n.split(".")[0] == "argparse"]
+        found += [f"{path.name}: sys.path" for _ in [0] if "sys.path" in text]
+    assert not found, "experiments that parse their own command line:\n" + "\n".join(found)

@@ -5,11 +5,13 @@ import argparse
 import dataclasses
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from saffu import configs
-from saffu.flags import HelpFormatter, add_config_flags, config_from_args, field_help
+from saffu._io import SaffuError
+from saffu.flags import HelpFormatter, add_config_flags, config_from_args, field_help, script_options
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,3 +141,46 @@ def test_saffu_train_takes_dotted_overrides_over_a_spec(tmp_path, capsys):
     assert (flat.model, flat.layers) == ("transformer", 3)
     assert main(["train", "--workdir", "w", "--run", "r", "--init", "random", "--train.nope", "1"]) == 2
     assert "--train.nope is not a setting of saffu train" in capsys.readouterr().err
+
+
+@dataclasses.dataclass
+class _ScriptOptions:
+    """A script's options.
+
+    Attributes:
+      out: where it writes
+      epochs: the budgets
+      mode: what to run
+      write: write the results file
+      child: a child process's part
+    """
+
+    out: Path = Path("runs/x")
+    epochs: tuple[float, ...] = (1.0, 4.0)
+    mode: str | None = dataclasses.field(default=None, metadata={"choices": ("grid", "budgets")})
+    write: bool = True
+    child: str | None = dataclasses.field(default=None, metadata={"hidden": True})
+
+
+def _at_least_one_epoch(options: _ScriptOptions) -> None:
+    if min(options.epochs) < 1:
+        raise SaffuError(f"--epochs must be at least 1, got {min(options.epochs):g}")
+
+
+def test_script_options_parse_a_dataclass_and_refuse_what_does_not_go_together(capsys):
+
+    assert script_options(_ScriptOptions, []) == _ScriptOptions()
+    options = script_options(_ScriptOptions, ["--out", "a", "--epochs", "2", "8", "--mode", "grid", "--no-write",
+                                              "--child", "x"])
+    assert options == _ScriptOptions(Path("a"), (2.0, 8.0), "grid", False, "x")
+    with pytest.raises(SystemExit) as exit_:
+        script_options(_ScriptOptions, ["--epochs", "0.5"], check=_at_least_one_epoch)
+    assert exit_.value.code == 2 and "--epochs must be at least 1, got 0.5" in capsys.readouterr().err
+    for wrong in (["--mode", "other"], ["--ou", "a"]):          # a choice outside the list; no abbreviations
+        with pytest.raises(SystemExit):
+            script_options(_ScriptOptions, wrong)
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        script_options(_ScriptOptions, ["--help"])
+    shown = capsys.readouterr().out
+    assert "where it writes" in shown and "--no-write" in shown and "--child" not in shown   # hidden: parsed, not listed
