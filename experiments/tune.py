@@ -236,8 +236,12 @@ def budget_rates(args, start: str, chosen: dict, epochs: float, run: bool) -> tu
 
 
 def report(args) -> dict:
+    """``results/tuning.json``: each tuned start's grid, chosen values and longer budgets (the
+    starts asked for, and every start of :data:`GRID_OF` whose grid has probes), every other run
+    of a whole epoch or more as its architecture's rows, and the race (:func:`race`)."""
     starts = {}
-    for start in args.starts:
+    has_grid = lambda start: any((args.out / "runs" / start).glob(f"{args.share:g}ep_*/result.json"))
+    for start in dict.fromkeys([*args.starts, *(s for s in GRID_OF if has_grid(s))]):
         grid, chosen, probes = tuned_grid(args, start, run=False)
         budgets = {}
         if chosen is not None:
@@ -249,10 +253,13 @@ def report(args) -> dict:
         starts[start] = {"grid": grid, "chosen": chosen, "probes": [_row(args, start, v, args.share) for v, _ in probes],
                          "budgets": budgets}
     others = {}
-    for start in STARTS:
-        folder = args.out / "runs" / start
-        if start not in args.starts and folder.is_dir():
-            names = sorted(p.parent.name for p in folder.glob("*/result.json"))
+    for start in STARTS:        # each run of an epoch or more that no tuned budget above holds
+        if start in args.starts:
+            continue
+        tuned = {r["name"] for b in starts.get(start, {}).get("budgets", {}).values() for r in b["runs"]}
+        names = sorted(p.parent.name for p in (args.out / "runs" / start).glob("*/result.json")
+                       if _epochs(p.parent.name) >= 1 and f"{start}/{p.parent.name}" not in tuned)
+        if names:
             others[start] = [_row(args, start, _values(name), _epochs(name)) for name in names]
     figures = {"protocol": {"grid": GRID, "share_epochs": args.share, "budget_epochs": args.epochs,
                             "probe_figure": "dev bits per byte on about 200,000 tokens of whole dev documents",
