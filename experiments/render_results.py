@@ -287,7 +287,8 @@ Longer budgets (whole dev split), the chosen weight decay and dropout: {best}.
         f"{r['multiplier']:.2f}× ({r['multiplier_kind'].replace('_', ' ')}) | {r['cold']} | {r['gap_nats']:.3f} | "
         f"{'–' if r['cold_gap_nats'] is None else format(r['cold_gap_nats'], '.3f')} |"
         for start, rows in f.get("race", {}).items() for r in rows)
-    return _page("tuning", record, race_rows=race_rows, sections="\n".join(sections), rescored=_rescored_note(f))
+    return _page("tuning", record, race_rows=race_rows, sections="\n".join(sections), rescored=_rescored_note(f),
+                 plot=Path(f.get("plot", "tuning.png")).name)
 
 
 def _rescored_note(f: dict) -> str:

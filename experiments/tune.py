@@ -267,6 +267,7 @@ def report(args) -> dict:
                "workdir": str(args.workdir), "starts": starts, "architectures": others,
                "flags": {start: flags_of(start) for start in STARTS}}
     figures["race"] = race(figures)
+    figures["plot"] = plot(figures["race"], ROOT / "docs" / "results" / "tuning.png")
     path = write_result("tuning", figures, seeds=[0], load={
         "note": "two runs at a time, one per core (taskset), other work sharing the machine at times; each run's "
                 "seconds are in its row"})
@@ -316,6 +317,41 @@ def race(figures: dict) -> dict:
                 "cold_gap_nats": best[cold][epochs]["dev_loss"] - best[cold][epochs]["train_loss"]
                 if epochs in best[cold] else None})
     return out
+
+
+def plot(race_rows: dict, path: Path) -> str:
+    """One panel per cold start the race measured against: its tuned cold curve (dev bits per
+    byte against compute) and each explicit start's best run of each budget, the epochs by the
+    points; written to ``path`` (PNG). Returns the path from the project root."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    colds = list(dict.fromkeys(r["cold"] for rows in race_rows.values() for r in rows))
+    figure, axes = plt.subplots(1, len(colds), figsize=(4.2 * len(colds), 4), squeeze=False)
+    for axis, cold in zip(axes[0], colds):
+        curve = next(r["cold_curve"] for rows in race_rows.values() for r in rows if r["cold"] == cold)
+        axis.plot(*zip(*curve), marker="o", color="tab:gray", label=f"{cold} (tuned cold)")
+        for start, rows in race_rows.items():
+            mine = [r for r in rows if r["cold"] == cold]
+            if mine:
+                axis.plot([r["compute"] for r in mine], [r["dev_bpb"] for r in mine], marker="s", label=start)
+                for r in mine:
+                    axis.annotate(f"{r['epochs']:g}", (r["compute"], r["dev_bpb"]), textcoords="offset points",
+                                  xytext=(4, 4), fontsize=7)
+        axis.set_xscale("log")
+        axis.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())       # the decades' labels only
+        axis.set_xlabel("compute: training FLOPs + the explicit solve's share")
+        axis.set_title(" ".join(flags_of(cold)) or "gpt block, width 128", fontsize=9)
+        axis.grid(alpha=0.3, which="both")
+        axis.legend(fontsize=7)
+    axes[0][0].set_ylabel("whole-dev bits per byte")
+    figure.suptitle("babylm-2023-4src: each explicit start against its architecture's tuned cold curve "
+                    "(epochs by the points)", fontsize=10)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return str(path.relative_to(ROOT))
 
 
 def _row(args, start: str, values: dict, epochs: float) -> dict:
