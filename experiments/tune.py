@@ -86,6 +86,14 @@ GRID = {"learning_rate": [1e-3, 3e-3, 1e-2, 3e-2], "weight_decay": [0.0, 0.1], "
 #: the gpt block's tuned cold value (0.9) rather than climbing there from 0.1 again (24 probes a start).
 LLAMA_GRID = {**GRID, "weight_decay": [0.0, 0.9]}
 GRID_OF = {"llama-cold-nobias": LLAMA_GRID, "llama-explicit-nobias": LLAMA_GRID}
+#: ``--quick``'s grid: three rates, no weight decay or dropout (floors, not edges), a check of the protocol.
+QUICK_GRID = {**GRID, "learning_rate": [3e-3, 1e-2, 3e-2], "weight_decay": [0.0], "dropout": [0.0]}
+
+
+def grid_of(args, start: str) -> dict:
+    """The grid ``start`` is tuned on (``--quick``: :data:`QUICK_GRID`)."""
+    return QUICK_GRID if args.quick else GRID_OF.get(start, GRID)
+
 def _half_decade(value: float, up: bool) -> float:
     """The next value of the half-decade grid 1, 3, 10, 30, … × 10^k above (or below) ``value``."""
     decade = 10.0 ** math.floor(math.log10(value) + 1e-9)
@@ -194,7 +202,7 @@ def combos(grid: dict) -> list[dict]:
 def tuned_grid(args, start: str, run: bool) -> tuple[dict, dict | None, list]:
     """``(grid, chosen values or None, probes)`` of ``start``'s quarter-epoch search; with
     ``run``, probes what is missing, growing the grid past an edge until the choice holds."""
-    grid = dict(GRID_OF.get(start, GRID))
+    grid = dict(grid_of(args, start))
     while True:
         wanted = [(start, values, args.share) for values in combos(grid)]
         if run:
@@ -267,7 +275,11 @@ def report(args) -> dict:
                "workdir": str(args.workdir), "starts": starts, "architectures": others,
                "flags": {start: flags_of(start) for start in STARTS}}
     figures["race"] = race(figures)
-    figures["plot"] = plot(figures["race"], ROOT / "docs" / "results" / "tuning.png")
+    figures["plot"] = plot(figures["race"], (args.out if args.quick else ROOT / "docs" / "results") / "tuning.png")
+    if args.quick:      # a check: its figures stay beside its runs, never in results/
+        atomic_write_json(args.out / "tuning.json", figures)
+        print(f"wrote {args.out / 'tuning.json'}")
+        return figures
     path = write_result("tuning", figures, seeds=[0], load={
         "note": "two runs at a time, one per core (taskset), other work sharing the machine at times; each run's "
                 "seconds are in its row"})
@@ -322,11 +334,14 @@ def race(figures: dict) -> dict:
 def plot(race_rows: dict, path: Path) -> str:
     """One panel per cold start the race measured against: its tuned cold curve (dev bits per
     byte against compute) and each explicit start's best run of each budget, the epochs by the
-    points; written to ``path`` (PNG). Returns the path from the project root."""
+    points; written to ``path`` (PNG). Returns the path (from the project root where it is inside
+    it); ``""`` and no file when the race has no rows."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     colds = list(dict.fromkeys(r["cold"] for rows in race_rows.values() for r in rows))
+    if not colds:
+        return ""
     figure, axes = plt.subplots(1, len(colds), figsize=(4.2 * len(colds), 4), squeeze=False)
     for axis, cold in zip(axes[0], colds):
         curve = next(r["cold_curve"] for rows in race_rows.values() for r in rows if r["cold"] == cold)
@@ -351,7 +366,7 @@ def plot(race_rows: dict, path: Path) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
     plt.close(figure)
-    return str(path.relative_to(ROOT))
+    return str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)
 
 
 def _row(args, start: str, values: dict, epochs: float) -> dict:
@@ -387,7 +402,7 @@ def main(argv=None) -> int:
         raise SystemExit("give --phase grid, --phase budgets or --report")
     if args.phase == "grid":      # every start's grid in one queue (no core waits), then each grows past its edges
         run_all(args, [(start, values, args.share) for start in args.starts
-                     for values in combos(GRID_OF.get(start, GRID))])
+                     for values in combos(grid_of(args, start))])
         for start in args.starts:
             print(f"{start}: {tuned_grid(args, start, run=True)[1]}", flush=True)
     elif args.phase == "budgets":
