@@ -377,7 +377,7 @@ def headline_block() -> str:
     if not rows:
         return "No results file yet: run the experiments that write `results/budgets.json` and `results/any_model.json`.\n"
     return ("| model, budget | start | whole-dev bits/byte | against the cold start | measured | figures |\n"
-            "|---|---|---:|---|---|---|\n" + "\n".join(rows[:10]) + "\n")
+            "|---|---|---:|---|---|---|\n" + "\n".join(rows) + "\n")
 
 
 def lasts_block() -> str:
