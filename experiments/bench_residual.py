@@ -174,8 +174,12 @@ def main(argv=None) -> int:
     if args.child:
         print(json.dumps(child(args)))
         return 0
+    from saffu._io import SaffuError
     from saffu.runner import exact_run
-    exact_run(args.workdir, args.exact_run)          # what the residual reads: made here on a fresh clone
+    try:
+        exact_run(args.workdir, args.exact_run)      # what the residual reads: made here on a fresh clone
+    except SaffuError as err:
+        raise SystemExit(f"--exact-run: {err}") from None
     result = {"command": " ".join([sys.executable, *sys.argv]), "load_average_before": os.getloadavg()}
     if args.rss:        # first, while this process is small (see :func:`child`)
         forwarded = list(sys.argv[1:])

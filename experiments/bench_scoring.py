@@ -37,6 +37,7 @@ import sys
 import time
 from pathlib import Path
 
+from saffu._io import SaffuError
 from saffu.flags import script_options
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -321,7 +322,10 @@ def main(argv=None) -> dict:
         return {}
     if {"exact", "residual"} & set(args.models):      # what they read: made here on a fresh clone
         from saffu.runner import exact_run
-        exact_run(args.workdir, args.exact_run)
+        try:
+            exact_run(args.workdir, args.exact_run)
+        except SaffuError as err:
+            raise SystemExit(f"--exact-run: {err}") from None
     started_load = os.getloadavg()
     started = time.time()
     argv = _child_argv(args)

@@ -124,8 +124,10 @@ def _saffu_child(spec: dict, batches: np.ndarray, data_parallel: bool, profile: 
     from saffu.models.interface import model_init, target_loss
     from saffu.training.trainer import StepStats, make_optimizer, make_train_step
 
+    # the gpt block with an output bias, which a revision from before the block choice has alone
+    block = {"block": "gpt", "output_bias": True} if "block" in TransformerConfig.__dataclass_fields__ else {}
     model = TransformerConfig(spec["vocab_size"], spec["width"], spec["layers"], spec["heads"],
-                              context_tokens=spec["context"], block="gpt", output_bias=True)
+                              context_tokens=spec["context"], **block)
     total = spec["warm_steps"] + spec["steps"]
     config = TrainConfig(steps=total, batch_size=spec["batch_size"], seq_len=spec["seq_len"], warmup_steps=2)
     optimizer = make_optimizer(config, total)

@@ -182,10 +182,17 @@ def exact_run(workdir: str | Path, run: str | Path, flags: tuple[str, ...] = (),
               say: Callable[[str], None] = print) -> Path:
     """A ``saffu exact`` run of ``workdir``'s training split at ``run`` (what a residual start
     and the exact model are read from): made here, with ``saffu exact``'s ``flags`` (its defaults
-    otherwise), unless ``run`` already holds one. Raises :class:`SaffuError` when making it
-    fails (its log is ``run/log.txt``)."""
+    otherwise), unless ``run`` already holds one of ``workdir``. Raises :class:`SaffuError` when
+    ``run`` holds a run of another work directory, or when making it fails (its log is
+    ``run/log.txt``)."""
+    from saffu.data.workdir import open_workdir
+    from saffu.training.checkpoints import run_record
     run = Path(run)
     if (run / "config.json").exists():
+        record = run_record(run)
+        if record.get("workdir_fingerprint") != open_workdir(workdir).fingerprint:
+            raise SaffuError(f"{run} holds a run of another work directory ({record.get('workdir')}), not of "
+                             f"{workdir}: give a new folder for the exact run of {workdir}")
         return run
     run.mkdir(parents=True, exist_ok=True)
     line = [sys.executable, "-m", "saffu", "exact", "--workdir", str(workdir), "--run", str(run), *flags,

@@ -94,5 +94,10 @@ def test_an_exact_run_is_made_once_and_then_reused(tiny_workdir, tmp_path):
     record = json.loads((run / "config.json").read_text())
     assert record["model"]["kind"] == "exact" and len(said) == 1 and "saffu exact" in said[0]
     assert exact_run(tiny_workdir.path, run, say=said.append) == run and len(said) == 1     # there: not made again
+    elsewhere = tmp_path / "elsewhere"           # an exact run of another work directory is refused, not read
+    elsewhere.mkdir()
+    (elsewhere / "config.json").write_text(json.dumps({**record, "workdir_fingerprint": {"tokenizer": "x"}}))
+    with pytest.raises(SaffuError, match="another work directory"):
+        exact_run(tiny_workdir.path, elsewhere, say=said.append)
     with pytest.raises(SaffuError, match="saffu exact failed"):
         exact_run(tmp_path / "no_workdir", tmp_path / "other", say=said.append)
