@@ -308,7 +308,8 @@ def race(figures: dict) -> dict:
     :func:`saffu.eval.race.multiplier`; and every such run's train–dev gap (nats)."""
     rows = {start: [r for b in tuned.get("budgets", {}).values() for r in b["runs"]]
             for start, tuned in figures["starts"].items()}
-    rows.update(figures["architectures"])
+    for start, runs in figures["architectures"].items():     # a tuned start's other runs join its budgets'
+        rows[start] = rows.get(start, []) + runs
     best = {}
     for start, runs in rows.items():
         for r in runs:
