@@ -186,13 +186,10 @@ def exact_run(workdir: str | Path, run: str | Path, flags: tuple[str, ...] = (),
     ``run`` holds a run of another work directory, or when making it fails (its log is
     ``run/log.txt``)."""
     from saffu.data.workdir import open_workdir
-    from saffu.training.checkpoints import run_record
+    from saffu.training.checkpoints import check_inputs
     run = Path(run)
     if (run / "config.json").exists():
-        record = run_record(run)
-        if record.get("workdir_fingerprint") != open_workdir(workdir).fingerprint:
-            raise SaffuError(f"{run} holds a run of another work directory ({record.get('workdir')}), not of "
-                             f"{workdir}: give a new folder for the exact run of {workdir}")
+        check_inputs(run, open_workdir(workdir), streams=True)      # tables counted from this training split
         return run
     run.mkdir(parents=True, exist_ok=True)
     line = [sys.executable, "-m", "saffu", "exact", "--workdir", str(workdir), "--run", str(run), *flags,

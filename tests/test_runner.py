@@ -97,7 +97,7 @@ def test_an_exact_run_is_made_once_and_then_reused(tiny_workdir, tmp_path):
     elsewhere = tmp_path / "elsewhere"           # an exact run of another work directory is refused, not read
     elsewhere.mkdir()
     (elsewhere / "config.json").write_text(json.dumps({**record, "workdir_fingerprint": {"tokenizer": "x"}}))
-    with pytest.raises(SaffuError, match="another work directory"):
+    with pytest.raises(SaffuError, match="was made with a work directory whose tokenizer has fingerprint x"):
         exact_run(tiny_workdir.path, elsewhere, say=said.append)
     with pytest.raises(SaffuError, match="saffu exact failed"):
         exact_run(tmp_path / "no_workdir", tmp_path / "other", say=said.append)

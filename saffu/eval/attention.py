@@ -100,9 +100,10 @@ def _summed(params, config, tokens: jax.Array, weights: jax.Array):
     if isinstance(config, ResidualConfig):
         params, config = base_params(params, config), config.base
     first = first_visible(tokens)                                               # [B, S]
-    if kind_of(config).attends_by == "keys":
+    kind = kind_of(config)
+    if kind.attends_by == "keys":
         maps, starts = [], []
-        for a in kind_of(config).attention(params, config, tokens):                 # [B, H, S, S]
+        for a in kind.attention(params, config, tokens):                 # [B, H, S, S]
             on_first = jnp.take_along_axis(a, first[:, None, :, None], axis=-1)[..., 0]
             maps.append(list(jnp.einsum("b,bhqk->hqk", weights, a)))
             starts.append(list(jnp.einsum("b,bhq->h", weights, on_first)))

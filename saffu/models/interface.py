@@ -41,16 +41,15 @@ from saffu.models import saffu as saffu_model
 from saffu.models.kinds import ModelKind
 
 
-def _external(config):
-    """The record of a model that brings its own ``init(key)`` and ``logits(params, tokens)``."""
-    return ModelKind("external", type(config), lambda params, config, tokens: config.logits(params, tokens),
-                     init=lambda config, key: config.init(key), target_logits=_no_positions)
-
-
 def _no_positions(params, config, windows, context, positions=None):
     if positions is not None:
         raise SaffuError("a model that brings its own logits cannot be given token positions")
     return config.logits(params, windows)[:, context - 1:-1]
+
+
+#: The record of a model that brings its own ``init(key)`` and ``logits(params, tokens)``.
+EXTERNAL = ModelKind("external", object, lambda params, config, tokens: config.logits(params, tokens),
+                     init=lambda config, key: config.init(key), target_logits=_no_positions)
 
 
 def _residual_fields(fields: dict) -> ResidualConfig:
@@ -91,7 +90,7 @@ def kind_of(config) -> ModelKind:
     if kind is not None and isinstance(config, kind.config):
         return kind
     if callable(getattr(config, "logits", None)):
-        return _external(config)
+        return EXTERNAL
     raise SaffuError(f"not a model config: {type(config).__name__} (kinds: {', '.join(KINDS)}; or a model with "
                      f"its own init and logits methods)")
 
