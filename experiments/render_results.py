@@ -17,6 +17,8 @@ import re
 import sys
 from pathlib import Path
 
+import jinja2
+
 from saffu.flags import script_options
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,8 +26,12 @@ RESULTS, PAGES = ROOT / "results", ROOT / "docs" / "results"
 README = ROOT / "README.md"
 #: Hand-written readings of the pages (``docs/readings/<name>.md``): what the tables say, in words.
 READINGS = ROOT / "docs" / "readings"
-#: The pages' text around their tables (``experiments/pages/<name>.md``, ``str.format`` templates).
+#: The pages and README blocks as Jinja templates (``experiments/pages/<name>.md``): text, tables and their loops.
 TEMPLATES = Path(__file__).resolve().parent / "pages"
+#: The templates' environment: ``{{ x | fmt(".4f") }}`` is ``format(x, ".4f")``; an undefined name is an error.
+JINJA = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), undefined=jinja2.StrictUndefined,
+                           keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
+JINJA.filters.update(fmt=format, zip=zip)
 
 
 def provenance(record: dict) -> str:
@@ -42,9 +48,9 @@ def provenance(record: dict) -> str:
 
 
 def _page(name: str, record: dict, **values) -> str:
-    """``experiments/pages/<name>.md`` filled in (``str.format``) with the record's figures ``f``,
+    """``experiments/pages/<name>.md`` (a Jinja template) rendered with the record's figures ``f``,
     its :func:`provenance` and ``values`` (the tables and what the page computes)."""
-    return (TEMPLATES / f"{name}.md").read_text().format(f=record["figures"], provenance=provenance(record), **values)
+    return JINJA.get_template(f"{name}.md").render(f=record["figures"], provenance=provenance(record), **values)
 
 
 def _yes(value) -> str:
@@ -57,12 +63,6 @@ def soak(record: dict) -> str:
                  steps_per_resume=f["resume_steps"] // f["resumes"],
                  resumed_consistent=_yes(f["resumed_metrics_consistent"]),
                  resumed_equal=_yes(f["resumed_equals_uninterrupted"]))
-
-
-def _ours(rows: list[dict]) -> list[dict]:
-    """The rows of the project's transformer (each row of ``results/budgets.json`` names its
-    ``architecture``, ``"saffu"`` for the project's)."""
-    return [r for r in rows if r["architecture"] == "saffu"]
 
 
 def _others(rows: list[dict]) -> list[dict]:
@@ -98,17 +98,6 @@ def _probes(probes: dict) -> str:
             "its last periodic dev loss):\n\n" + "\n".join(lines) + "\n")
 
 
-def _epochs(n: int) -> str:
-    """``"1 epoch"``, ``"2 epochs"``."""
-    return f"{n} epoch{'s' * (n > 1)}"
-
-
-def _at_probed_rates(rows: list[dict]) -> list[dict]:
-    """The sweep's rows at their start's probed learning rate: a run at another rate is listed in
-    the table, never a start's figure (rows written before the flag were all at their probe's)."""
-    return [r for r in rows if r.get("at_probed_rate", True)]
-
-
 def any_model(record: dict) -> str:
     return _page("any_model", record)
 
@@ -119,66 +108,43 @@ def _duration(seconds: float) -> str:
 
 def setup(record: dict) -> str:
     f = record["figures"]
-    demo = f.get("demo_metrics") or {}
-    metrics = "\n".join(f"| `{key}` | {value:.4f} |" if isinstance(value, float) else f"| `{key}` | {value} |"
-                         for key, value in sorted(demo.items()))
-    metrics = (f"\nWhat `make demo` wrote to `runs/demo/metrics.json`:\n\n| figure | value |\n|---|---:|\n{metrics}\n"
-               if metrics else "")
     return _page("setup", record, demo_time=_duration(f["demo_seconds"]), demo_ok=_yes(f["demo_ok"]),
-                 test_time=_duration(f["test_seconds"]), test_ok=_yes(f["test_ok"]), metrics=metrics).rstrip("\n") + "\n"
+                 test_time=_duration(f["test_seconds"]), test_ok=_yes(f["test_ok"])).rstrip("\n") + "\n"
 
 
 def bench_bf16(record: dict) -> str:
     f = record["figures"]
-    mm, tr = f["matmul"]["seconds"], f["training"]
-    rows = "\n".join(f"| {name.replace('_', ' ')} | {tr['seconds_per_step'][name] * 1e3:.0f} ms | "
-                     f"{tr['tokens_per_s'][name]:,.0f} | {tr['seconds_per_step'][name] / tr['seconds_per_step']['float32']:.2f} | "
-                     f"{tr['mean_loss_last_round'][name]:.4f} |"
-                     for name in sorted(tr["seconds_per_step"], key=lambda n: n != "float32"))
+    mm = f["matmul"]["seconds"]
     compiled = ("as a float32 product between conversions" if f["matmul"]["bf16_to_bf16_converts_to_f32"]
                 else "without conversions to float32")
     return _page("bench_bf16", record, units=", ".join(f["cpu_bf16_units"]) or "none", shape=mm_shape(f),
                  ms={k: v * 1e3 for k, v in mm.items()}, compiled=compiled, ratio=mm["bf16_to_f32"] / mm["float32"],
-                 model=tr["model"], rows=rows)
+                 model=f["training"]["model"], variants=sorted(f["training"]["seconds_per_step"], key=lambda n: n != "float32"))
 
 
 def harness_blimp(record: dict) -> str:
-    f = record["figures"]
-    percent = lambda r, key: f"{100 * r[key]:.2f}%" if key in r else "–"
-    hf = lambda r: percent(r, "harness_hf") if "harness_hf" in r or "saffu_blimp" not in r else "not exported (an output bias)"
-    rows = "\n".join(f"| {r['name']} | {r['block'] or r['kind']} | {r['weights']} | {percent(r, 'saffu_blimp')} | "
-                     f"{percent(r, 'harness_saffu')} | {hf(r)} | {r.get('date', record['date'])} |" for r in f["rows"])
-    return _page("harness_blimp", record, rows=rows)
+    return _page("harness_blimp", record, date=record["date"])
 
 
 def hf_explicit_init(record: dict) -> str:
-    f = record["figures"]
-    explicit, random = f["curves"]["explicit"], f["curves"]["random"]
-    rows = "\n".join(f"| {e['step']:,} | {e['dev_bpb']:.4f} | {r['dev_bpb']:.4f} | {r['dev_bpb'] - e['dev_bpb']:+.4f} |"
-                     for e, r in zip(explicit, random))
-    return _page("hf_explicit_init", record, rows=rows)
+    return _page("hf_explicit_init", record)
+
+
+#: bench_train's variants as its page names them.
+TRAIN_VARIANTS = {"saffu": "saffu", "saffu-before": "saffu, revision before the speed work",
+                  "saffu-dp2": "saffu, data-parallel over 2 host devices (`--devices 2`)",
+                  "saffu-mp2": "saffu, data-parallel over 2 processes, one per core (`--num-processes 2`)",
+                  "torch-eager": "PyTorch, eager", "torch-compile": "PyTorch, `torch.compile`"}
 
 
 def bench_train(record: dict) -> str:
     f = record["figures"]
-    m = f["model"]
-    labels = {"saffu": "saffu", "saffu-before": "saffu, revision before the speed work", "saffu-dp2":
-              "saffu, data-parallel over 2 host devices (`--devices 2`)", "saffu-mp2":
-              "saffu, data-parallel over 2 processes, one per core (`--num-processes 2`)", "torch-eager": "PyTorch, eager",
-              "torch-compile": "PyTorch, `torch.compile`"}
-    rows = "\n".join(
-        f"| {labels.get(r['variant'], r['variant'])} | {r['cores']} | {r['seconds_per_step'] * 1e3:,.0f} ms "
-        f"({', '.join(f'{x * 1e3:,.0f}' for x in r['seconds_per_step_rounds'])}) | {r['tokens_per_s']:,.0f} | "
-        f"{r['tokens_per_s_per_core']:,.0f} | {r['gflops_per_s']:.1f} | {r['mean_train_loss']:.5f} | "
-        f"{r['final_loss']:.5f} | {r.get('page_faults_per_step', 0):,.0f} |" for r in f["rows"])
-    profile = "\n".join(f"| {p['ms_per_step']:.1f} ms | {p['share']:.1%} | {p.get('ops', 1)} | {p['kind']} | `{p['shape']}` | "
-                         f"`{p['what']}` |" for p in f["profile"])
     ratio = lambda key: f"{f[key]:.2f}×" if f.get(key) else "not measured"
-    xla_from, gflop, best_two = f.get("xla_flops_from", "saffu"), f["xla_flops_per_step"] / 1e9, f.get("best_two_core_variant")
-    before, torch, two = ratio("speedup_vs_before"), ratio("speedup_vs_torch"), ratio("speedup_two_cores")
     backend = ("No accelerator row: no GPU was available to this run (JAX backend cpu)." if f.get("backend", "cpu") == "cpu"
                else f"JAX backend: {f['backend']}.")
-    return _page("bench_train", record, backend=backend, before=before, best_two=best_two, gflop=gflop, m=m, profile=profile, rows=rows, torch=torch, two=two, xla_from=xla_from)
+    return _page("bench_train", record, backend=backend, before=ratio("speedup_vs_before"), best_two=f.get("best_two_core_variant"),
+                 gflop=f["xla_flops_per_step"] / 1e9, m=f["model"], labels=TRAIN_VARIANTS, torch=ratio("speedup_vs_torch"),
+                 two=ratio("speedup_two_cores"), xla_from=f.get("xla_flops_from", "saffu"))
 
 
 def bench_stats(record: dict) -> str:
@@ -240,63 +206,15 @@ def mm_shape(f: dict) -> str:
 
 #: How a multiplier of each kind (saffu.eval.race) is printed before its value.
 BOUND = {"measured": "", "lower_bound": "≥ ", "upper_bound": "≤ "}
+JINJA.filters["bound"] = BOUND.__getitem__
 
 
 def tuning(record: dict) -> str:
     f = record["figures"]
-    value = lambda v: "–" if v is None else f"{v:g}"
-    sections = []
-    for start, t in f["starts"].items():
-        chosen = ", ".join(f"{k.replace('_', ' ')} {value(v)}" for k, v in t["chosen"].items()) if t["chosen"] else \
-            "not yet: the grid is incomplete or its best sits at an edge"
-        probes = "\n".join(f"| {p['learning_rate']:g} | {p['weight_decay']:g} | {p['dropout']:g} | {p['dev_bpb']:.4f} | "
-                           f"{p['train_loss']:.3f} | {p['train_seconds']:,.0f} |"
-                           for p in sorted(t["probes"], key=lambda p: (p["learning_rate"], p["weight_decay"], p["dropout"])))
-        budgets = "\n".join(f"| {epochs} | {r['learning_rate']:g} | {r['weight_decay']:g} | {r['dropout']:g} | "
-                             f"{r['dev_bpb']:.4f} | {r['train_loss']:.3f} | {r['last_dev_window_loss']:.3f} | "
-                             f"{r['train_seconds']:,.0f} |" for epochs, b in t["budgets"].items() for r in b["runs"])
-        best = "; ".join(f"{epochs} epochs: rate {b['chosen']['learning_rate']:g}" if b["chosen"] else
-                         f"{epochs} epochs: no rate chosen yet (its neighbours are still to run, or the best sits at an edge)"
-                         for epochs, b in t["budgets"].items())
-        sections.append(f"""## {start}
-
-Grid at {f['protocol']['share_epochs']:g} epoch: chosen {chosen}.
-
-| learning rate | weight decay | dropout | dev bits/byte | last training loss (nats) | seconds |
-|---:|---:|---:|---:|---:|---:|
-{probes}
-""" + (f"""
-Longer budgets (whole dev split), the chosen weight decay and dropout: {best}.
-
-| epochs | learning rate | weight decay | dropout | dev bits/byte | last training loss (nats) | dev windows (nats) | seconds |
-|---:|---:|---:|---:|---:|---:|---:|---:|
-{budgets}
-""" if budgets else ""))
-    for start, runs in f.get("architectures", {}).items():
-        rows = "\n".join(f"| {r['epochs']:g} | {r['learning_rate']:g} | {r['weight_decay']:g} | {r['dropout']:g} | "
-                         f"{r['dev_bpb']:.4f} | {r['train_loss']:.3f} | {r['train_seconds']:,.0f} |"
-                         for r in sorted(runs, key=lambda r: r["epochs"]))
-        sections.append(f"""## {start} (`{' '.join(f['flags'][start])}`), at the grid's values
-
-| epochs | learning rate | weight decay | dropout | dev bits/byte | last training loss (nats) | seconds |
-|---:|---:|---:|---:|---:|---:|---:|
-{rows}
-""")
-    race_rows = "\n".join(
-        f"| {start} | {r['epochs']:g} | {r['dev_bpb']:.4f} | {r['compute']:.3e} | {BOUND[r['multiplier_kind']]}"
-        f"{r['multiplier']:.2f}× ({r['multiplier_kind'].replace('_', ' ')}) | {r['cold']} | {r['gap_nats']:.3f} | "
-        f"{'–' if r['cold_gap_nats'] is None else format(r['cold_gap_nats'], '.3f')} |"
-        for start, rows in f.get("race", {}).items() for r in rows)
-    return _page("tuning", record, race_rows=race_rows, sections="\n".join(sections), rescored=_rescored_note(f),
-                 plot=Path(f.get("plot", "tuning.png")).name)
-
-
-def _rescored_note(f: dict) -> str:
-    rows = [r for t in f["starts"].values() for b in t["budgets"].values() for r in b["runs"]]
-    rows += [r for runs in f.get("architectures", {}).values() for r in runs]
-    rescored = [r["name"] for r in rows if r.get("rescored")]
-    return (f"\nRescored ({', '.join(rescored)}): {next(r['rescored'] for r in rows if r.get('rescored'))}.\n"
-            if rescored else "")
+    runs = [r for t in f["starts"].values() for b in t["budgets"].values() for r in b["runs"]]
+    runs += [r for rows in f.get("architectures", {}).values() for r in rows]
+    return _page("tuning", record, plot=Path(f.get("plot", "tuning.png")).name,
+                 rescored=[r for r in runs if r.get("rescored")])
 
 
 RENDERERS = {"harness_blimp": harness_blimp, "hf_explicit_init": hf_explicit_init, "tuning": tuning, "bench_train": bench_train, "bench_bf16": bench_bf16, "bench_scoring": bench_scoring, "bench_stats": bench_stats, "soak": soak, "budgets": budgets, "any_model": any_model, "setup": setup}
@@ -305,17 +223,6 @@ RENDERERS = {"harness_blimp": harness_blimp, "hf_explicit_init": hf_explicit_ini
 def _load(name: str) -> dict | None:
     path = RESULTS / f"{name}.json"
     return json.loads(path.read_text()) if path.exists() else None
-
-
-#: The README headline's vocabulary (the sweep's first; rows of other vocabularies are on the page).
-HEADLINE_VOCAB = 8192
-HEADLINE_STARTS = {"cold": "cold (random init)", "explicit-init": "explicit init",
-                   "residual-crossfit": "explicit residual, cross-fitted"}
-#: Every start of the sweep as the README names it.
-START_LABELS = {**HEADLINE_STARTS, "residual": "explicit residual",
-                "residual-crossfit-k4": "explicit residual, cross-fitted over 4 folds",
-                "residual-crossfit-k8": "explicit residual, cross-fitted over 8 folds",
-                "explicit-init-rms1": "explicit init, embeddings at RMS 1"}
 
 
 def _width(flags: list[str]) -> int:
@@ -329,17 +236,17 @@ def _race_rows() -> list[str]:
     tuning = _load("tuning")
     if not tuning:
         return []
-    best = {}
-    for start, runs in tuning["figures"].get("race", {}).items():
+    best, f = {}, tuning["figures"]
+    for start, runs in f.get("race", {}).items():
         for r in runs:
             key = (r["cold"], r["epochs"])
             if key not in best or r["dev_bpb"] < best[key][1]["dev_bpb"]:
                 best[key] = (start, r)
-    flags = tuning["figures"].get("flags", {})
+    flags = f.get("flags", {})
+    searched = lambda cold: "tuned" if f["starts"].get(cold, {}).get("chosen") else "at width 128's tuned values"
     return [f"| saffu's transformer (`{' '.join(flags.get(cold, []))}`), width {_width(flags.get(cold, []))}, "
-            f"{epochs:g} epoch"
-            f"{'s' if epochs != 1 else ''}, {'tuned' if cold == 'cold' else 'at the gpt grid’s values'} | {start} against {cold} | {r['dev_bpb']:.4f} | compute multiplier "
-            f"{BOUND[r['multiplier_kind']]}{r['multiplier']:.2f}× ({r['multiplier_kind'].replace('_', ' ')}) | "
+            f"{epochs:g} epoch{'s' if epochs != 1 else ''}, {searched(cold)} | {start} against {cold} | {r['dev_bpb']:.4f} | "
+            f"compute multiplier {BOUND[r['multiplier_kind']]}{r['multiplier']:.2f}× ({r['multiplier_kind'].replace('_', ' ')}) | "
             f"{tuning['date']} | [tuning](docs/results/tuning.md) |"
             for (cold, epochs), (start, r) in sorted(best.items(), key=lambda item: (item[0][0] != "llama-cold-nobias",
                                                                                       item[0]))]
@@ -347,23 +254,10 @@ def _race_rows() -> list[str]:
 
 def headline_block() -> str:
     """The README's headline table: the tuned race's best explicit start per architecture and
-    budget (:func:`_race_rows`), then the budget sweep's one-epoch runs at width 128, seed 0 and
-    ``V`` = :data:`HEADLINE_VOCAB` (cold, explicit init, cross-fitted residual) and the two penzai
-    models of the any-model run (random against explicit init), each linking its results page."""
+    budget (:func:`_race_rows`), then the two penzai models of the any-model run (random against
+    explicit init), each linking its results page. The budget sweep's rows against its untuned cold
+    start stay on their page (``docs/results/budgets.md``)."""
     rows = _race_rows()
-    budgets = _load("budgets")
-    if budgets:
-        picked = {r["start"]: r for r in _at_probed_rates(budgets["figures"]["rows"])  # the headline's vocabulary only
-                  if r["width"] == 128 and r["epochs"] == 1 and r["seed"] == 0 and r["start"] in HEADLINE_STARTS
-                  and r.get("vocab_size", HEADLINE_VOCAB) == HEADLINE_VOCAB}
-        for start, label in HEADLINE_STARTS.items():
-            if start not in picked:
-                continue
-            r = picked[start]
-            versus = f"compute multiplier {r['multiplier_text']}" if "multiplier" in r else "the reference"
-            rows.append(f"| saffu's transformer, width {r['width']}, {r['epochs']} epoch | {label} | "
-                        f"{r['dev_bpb']:.4f} | {versus} | {r.get('finished', budgets['date'])[:10]} | "
-                        f"[budgets](docs/results/budgets.md) |")
     any_model = _load("any_model")
     if any_model:
         f = any_model["figures"]
@@ -375,44 +269,9 @@ def headline_block() -> str:
                         f"explicit init reaches random init's final loss in {f[model + '_explicit_share_of_steps']:.0%} of the steps | "
                         f"{any_model['date']} | [any_model](docs/results/any_model.md) |")
     if not rows:
-        return "No results file yet: run the experiments that write `results/budgets.json` and `results/any_model.json`.\n"
+        return "No results file yet: run the experiments that write `results/tuning.json` and `results/any_model.json`.\n"
     return ("| model, budget | start | whole-dev bits/byte | against the cold start | measured | figures |\n"
             "|---|---|---:|---|---|---|\n" + "\n".join(rows) + "\n")
-
-
-def lasts_block() -> str:
-    """The README's answer to "does the explicit start last?": per budget of the sweep at width 128,
-    ``V`` = :data:`HEADLINE_VOCAB` and seed 0, cold's dev bits per byte against the best explicit
-    start's (the one with the lowest dev loss: lower bounds of multipliers do not rank) and its multiplier."""
-    budgets = _load("budgets")
-    every_seed = [r for r in _ours(_at_probed_rates(budgets["figures"]["rows"] if budgets else [])) if r["width"] == 128
-                  and r.get("vocab_size", HEADLINE_VOCAB) == HEADLINE_VOCAB]
-    rows = [r for r in every_seed if r["seed"] == 0]
-    lines = []
-    for epochs in sorted({r["epochs"] for r in rows}):
-        cold = next((r for r in rows if r["start"] == "cold" and r["epochs"] == epochs), None)
-        explicit = [r for r in rows if r["epochs"] == epochs and "multiplier" in r]
-        best = min(explicit, key=lambda r: r["dev_bpb"]) if explicit else None
-        cold_bpb = f"{cold['dev_bpb']:.4f}" if cold else "not run yet"
-        minutes = " / ".join(f"{(r['train_seconds'] + r['solve_seconds']) / 60:.0f}" if r else "–" for r in (cold, best))
-        lines.append(f"| {epochs} | {cold_bpb} | "
-                     + (f"{START_LABELS.get(best['start'], best['start'])} | {best['dev_bpb']:.4f} | "
-                        f"{best['multiplier_text']} |" if best else "– | – | – |") + f" {minutes} |")
-    if not lines:
-        return "No results file yet: run `experiments/budgets.py --report`.\n"
-    others = []                         # the same budget run with another seed: the noise beside the lead
-    for r in sorted((r for r in every_seed if r["seed"] != 0 and r["start"] != "cold"),
-                    key=lambda r: (r["epochs"], r["seed"])):
-        cold = next((c for c in every_seed if (c["start"], c["epochs"], c["seed"]) == ("cold", r["epochs"], r["seed"])),
-                    None)
-        others.append(f"Seed {r['seed']} at {_epochs(r['epochs'])}: "
-                      + (f"cold {cold['dev_bpb']:.4f}, " if cold else "")
-                      + f"{START_LABELS.get(r['start'], r['start'])} {r['dev_bpb']:.4f}"
-                      + (f" (compute multiplier {r['multiplier_text']})" if "multiplier" in r else "") + ".")
-    return ("| epochs | cold (bits/byte) | best explicit start (lowest dev loss) | its bits/byte | compute multiplier "
-            "| minutes on one core, cold / explicit (solve included) |\n"
-            "|---:|---:|---|---:|---|---|\n" + "\n".join(lines) + "\n"
-            + ("\n" + "\n".join(others) + "\n" if others else ""))
 
 
 def _records(block: str, **files: str) -> dict:
@@ -427,7 +286,7 @@ def _records(block: str, **files: str) -> dict:
 
 def _block(name: str, records: dict, **values) -> str:
     """``experiments/pages/readme_<name>.md`` filled in with ``records`` (:func:`_records`) and ``values``."""
-    return (TEMPLATES / f"readme_{name}.md").read_text().format(**records, **values)
+    return JINJA.get_template(f"readme_{name}.md").render(**records, **values)
 
 
 def setup_block() -> str:
@@ -475,7 +334,7 @@ def tuning_block() -> str:
     return "\n".join(lines) + f" ({record['date']}, [tuning](docs/results/tuning.md))\n"
 
 
-README_BLOCKS = {"tuning": tuning_block, "headline": headline_block, "lasts": lasts_block, "setup": setup_block, "speed": speed_block}
+README_BLOCKS = {"tuning": tuning_block, "headline": headline_block, "setup": setup_block, "speed": speed_block}
 BLOCK = re.compile(r"^<!-- generated: (?P<name>[\w-]+) -->\n(?P<body>.*?)^<!-- /generated -->$", re.M | re.S)
 
 
