@@ -225,7 +225,7 @@ def tuned_grid(args, start: str, run: bool) -> tuple[dict, dict | None, list]:
 
 def budget_rates(args, start: str, chosen: dict, epochs: float, run: bool) -> tuple[list, dict | None, list]:
     """``(rates, chosen values or None, runs)`` of ``start`` at ``epochs``: the tuned rate and its
-    ½× and 2× neighbours (grown past an edge while running)."""
+    ½× and 2× neighbours, grown past an edge while running (and, reporting, as far as runs exist)."""
     rates = sorted({round(chosen["learning_rate"] * f, 12) for f in (0.5, 1.0, 2.0)})
     while True:
         wanted = [(start, {**chosen, "learning_rate": r}, epochs) for r in rates]
@@ -237,10 +237,12 @@ def budget_rates(args, start: str, chosen: dict, epochs: float, run: bool) -> tu
             best = choose({"learning_rate": rates}, [({"learning_rate": v["learning_rate"]}, loss) for v, loss in done])
             return rates, {**chosen, **best}, done
         except SaffuError as error:
-            if not run or "learning_rate" not in str(error) or len(rates) > 5:
+            extra = round(rates[-1] * 2, 12) if "largest" in str(error) else round(rates[0] / 2, 12)
+            probed = (args.out / "runs" / name_of(start, {**chosen, "learning_rate": extra}, epochs) / "result.json").exists()
+            if not (run or probed) or "learning_rate" not in str(error) or len(rates) > 5:
                 print(f"{start} at {epochs:g} epochs: {error}")
                 return rates, None, done
-            rates = sorted(rates + [round(rates[-1] * 2, 12) if "largest" in str(error) else round(rates[0] / 2, 12)])
+            rates = sorted(rates + [extra])
 
 
 def report(args) -> dict:
