@@ -121,8 +121,8 @@ def _join_processes(args) -> bool:
 
 
 def _score_splits(params, config, workdir, args, splits=None) -> dict:
-    """:func:`saffu.jobs.score_splits` of every non-training split (or ``splits``), ``--eval-tokens`` each."""
-    from saffu.jobs import score_splits
+    """:func:`saffu.eval.scoring.score_splits` of every non-training split (or ``splits``), ``--eval-tokens`` each."""
+    from saffu.eval.scoring import score_splits
     return score_splits(params, config, workdir, splits, args.eval_tokens, not args.quiet, lambda m: _say(args, m))
 
 
@@ -156,7 +156,7 @@ def cmd_prepare(args) -> dict:
 
 def cmd_stats(args) -> dict:
     from saffu.eval.metrics import split_metrics
-    from saffu.jobs import eval_splits
+    from saffu.eval.scoring import eval_splits
     from saffu.solve.bigram import save_offset_statistics
     from saffu.training.recipes import count_model
     writer = _join_processes(args)
@@ -182,7 +182,7 @@ def cmd_download(args) -> dict:
 
 
 def cmd_demo(args) -> dict:
-    from saffu.jobs import demo
+    from saffu.runner import demo
     config = config_from_args(configs.DemoConfig, args, ("vocab_size", "bits", "steps"))
     metrics, run, workdir = demo(args.corpus, args.workdir, flags.bigram_from_args(args), config, args.radius, args.saffu_mu,
                                  args.learning_rate, "saffu-default" if args.corpus == DEFAULT_CORPUS else None,
@@ -237,7 +237,7 @@ def cmd_train(args) -> dict:
     workdir = _workdir(args)
     if (start.init == "inherit" and start.inherit_before_lazy and start.inherit_layers is None
             and start.reference is not None and start.start_from is None):
-        from saffu.jobs import run_layers_before_lazy
+        from saffu.eval.attention import run_layers_before_lazy
         start = dataclasses.replace(start, inherit_layers=run_layers_before_lazy(
             args.reference, workdir, not args.quiet, lambda m: _say(args, m)))
     config, params, solve_seconds = recipes.start_training(
@@ -422,7 +422,7 @@ def cmd_sweep(args) -> dict:
 
 
 def cmd_ngram(args) -> dict:
-    from saffu.jobs import ngram_baseline
+    from saffu.eval.ngram import ngram_baseline
     config, workdir = config_from_args(configs.NgramConfig, args, ("order",)), _workdir(args)
     metrics = ngram_baseline(workdir, config, args.arpa, args.blimp, progress=not args.quiet)
     return _print_metrics(f"Kneser-Ney {config.order}-gram on {workdir.meta['corpus']}", metrics)
@@ -450,8 +450,7 @@ def cmd_generate(args) -> dict:
 
 
 def cmd_inspect(args) -> dict:
-    from saffu.eval.attention import profile_table
-    from saffu.jobs import run_attention_profile
+    from saffu.eval.attention import profile_table, run_attention_profile
     workdir, config, params, which = _load_run(args)
     inspect = config_from_args(configs.InspectConfig, args, ("split", "windows", "seq_len", "energy", "lazy_rank"))
     out = args.out if args.out is not None else args.run / "attention"

@@ -21,12 +21,14 @@ import itertools
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from saffu import configs
 from saffu._io import SaffuError, atomic_write_json, read_settings
 from saffu.eval.race import compute_with_solve
 
@@ -244,3 +246,44 @@ def read_grid(path: str | Path) -> tuple[dict, dict]:
         else:
             axes[key] = values
     return data["base"], axes
+
+
+def demo(corpus_path: str | Path, out: str | Path, bigram: configs.BigramConfig, config: configs.DemoConfig,
+         radius: int, saffu_mu: float, learning_rate: float, name: str | None = None, progress: bool = False,
+         say: Callable[[str], None] = lambda message: None) -> tuple[dict, Path, object]:
+    """The main job on a corpus: prepare it into ``out/data`` (BPE of ``config.vocab_size``),
+    solve and score the explicit bigram layer (``bigram``), solve an explicit SAFFU model
+    (``radius``, ``config.bits``-bit codes, Dirichlet ``saffu_mu``) into ``out/saffu`` (made
+    afresh), score dev, warm-start it for ``config.steps`` AdamW steps at ``learning_rate`` and
+    score dev again. Returns ``(figures, run directory, work directory)``."""
+    from saffu.data.corpus import babylm_corpus
+    from saffu.data.workdir import prepare
+    from saffu.eval.metrics import split_metrics
+    from saffu.eval.scoring import evaluate_split
+    from saffu.models.interface import parameter_count
+    from saffu.training.recipes import count_model, solve_run
+    from saffu.training.trainer import train
+    start, out = time.perf_counter(), Path(out)
+    workdir = prepare(babylm_corpus(corpus_path, name=name), out / "data",
+                      configs.PrepareConfig(vocab_size=config.vocab_size), show_progress=progress)
+    nlls, _ = count_model(workdir, "bigram", bigram, ["dev"], progress)
+    metrics = split_metrics(nlls["dev"], workdir.split_info("dev"), "bigram_dev_")
+    model = configs.SaffuConfig(vocab_size=workdir.vocab_size, bits=config.bits, radius=radius)
+    say(f"solving explicit SAFFU (radius {radius}, {config.bits}-bit codes) on "
+        f"{workdir.split_info(workdir.train_split)['tokens']:,} training tokens")
+    run = out / "saffu"
+    if run.exists():   # the demo's own run: a rerun trains again instead of finding it finished
+        shutil.rmtree(run)
+    solver = configs.SolverConfig(smoothing=configs.Smoothing(mu=saffu_mu))
+    params, report, _ = solve_run(workdir, run, model, solver, progress=progress)
+    metrics.update(explicit_seconds=report["seconds"], params=parameter_count(params))
+    metrics.update(evaluate_split(params, model, workdir, "dev", progress=progress, prefix="explicit_dev_"))
+    say(f"warm start: {config.steps} AdamW steps from the explicit solution")
+    train_config = configs.TrainConfig(steps=config.steps, learning_rate=learning_rate, eval_every=config.steps,
+                                       checkpoint_every=0)
+    trained, history = train(model, params, workdir.tokens(workdir.train_split), train_config, run,
+                             dev_stream=workdir.tokens("dev"), progress=progress)
+    metrics.update(warm_steps=config.steps, warm_seconds=history[-1]["seconds"])
+    metrics.update(evaluate_split(trained, model, workdir, "dev", progress=progress, prefix="warm_dev_"))
+    metrics["total_seconds"] = time.perf_counter() - start
+    return metrics, run, workdir

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import jax
@@ -39,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from saffu._io import SaffuError
+from saffu._io import SaffuError, atomic_write_json
 from saffu.configs import InspectConfig, ResidualConfig
 from saffu.data.tokenizer import EOD_ID
 from saffu.data.windows import evenly_spaced_windows
@@ -347,3 +348,35 @@ def flat_metrics(profile: dict) -> dict:
     for layer in profile.get("offsets", []):
         flat[f"layer_{layer['layer']}_top_offset_weight"] = round(layer["mean_top_weight"], 6)
     return flat
+
+
+def run_attention_profile(params, config, workdir, inspect: InspectConfig, out: Path, label: str,
+                          progress: bool = False) -> tuple[dict, dict]:
+    """The attention profile of a run (:func:`saffu.eval.attention.inspect_attention` over
+    ``inspect.windows`` windows of ``inspect.split``), written to ``out.json`` with its plot at
+    ``out.png``. Returns ``(profile, flat figures)``."""
+    profile = inspect_attention(params, config, workdir.tokens(inspect.split), inspect.windows, inspect.seq_len,
+                                inspect.energy, inspect.lazy_rank, progress=progress)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    json_path, plot_path = out.with_suffix(".json"), out.with_suffix(".png")
+    atomic_write_json(json_path, {"run": label, "split": inspect.split, **profile})
+    what = f"{profile['windows']} {inspect.split} windows of {profile['window_tokens']} tokens"
+    plot_profiles({label: profile}, plot_path, f"attention of {label}: {what}")
+    return profile, {**flat_metrics(profile), "json": str(json_path), "plot": str(plot_path)}
+
+
+def run_layers_before_lazy(reference_run: Path, workdir, progress: bool = False,
+                           say: Callable[[str], None] = lambda message: None) -> int | None:
+    """The blocks of a trained transformer or SAFFU run before its first lazy layer (its attention
+    profile, :func:`saffu.eval.attention.layers_before_lazy`): what ``--inherit-before-lazy``
+    inherits. ``None`` for another kind (the inheritance recipe says what it must be)."""
+    from saffu.training.checkpoints import check_inputs, load_params
+    reference = check_inputs(reference_run, workdir)
+    depth = kind_of(reference).depth
+    if depth is None:
+        return None
+    profile = inspect_attention(load_params(reference_run, reference)[0], reference, workdir.tokens("dev"),
+                                progress=progress)
+    layers = layers_before_lazy(profile, getattr(reference, depth))
+    say(f"the reference's lazy layers: {profile['lazy_layers'] or 'none'}; inheriting {layers} blocks")
+    return layers

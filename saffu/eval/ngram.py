@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
+from saffu.configs import NgramConfig
 from saffu.data.workdir import WorkDir
+from saffu.engine import accounting
 from saffu.eval.blimp import blimp_accuracy, load_blimp
 from saffu.eval.metrics import split_metrics
+from saffu.ngram import arpa
 from saffu.ngram.kneser_ney import KneserNeyModel, fit_kneser_ney, kn_sentence_log_probs, log_probs, model_size
 
 
@@ -57,3 +61,24 @@ def evaluate_workdir(workdir: WorkDir, order: int, split: str = "dev", *, chunk_
         for j in range(3):
             metrics[f"discount_{k + 1}_{j + 1}"] = float(model.discounts[k, j])
     return metrics
+
+
+def ngram_baseline(workdir, config: NgramConfig = NgramConfig(), arpa_path: Path | None = None,
+                   blimp: Path | None = None, progress: bool = False) -> dict:
+    """Interpolated modified Kneser-Ney of ``config.order`` on ``workdir``'s training split:
+    fit seconds and tokens/s, model size, every other split's figures, optionally the ARPA file
+    at ``arpa_path`` and BLiMP accuracy on the ``blimp`` folder, peak memory."""
+    train_stream, start = workdir.tokens(workdir.train_split), time.perf_counter()
+    others = [split for split in workdir.meta["splits"] if split != workdir.train_split]
+    model = fit_kneser_ney(train_stream, config.order, vocab_size=workdir.vocab_size,
+                           progress="count n-grams" if progress else None)
+    fit_seconds = time.perf_counter() - start
+    metrics = {"order": config.order, "fit_seconds": fit_seconds, "tokens_per_s": (len(train_stream) - 1) / fit_seconds,
+               **model_size(model), **ngram_splits(model, workdir, others, progress=progress)}
+    if arpa_path:
+        tick = time.perf_counter()
+        arpa.write_arpa(model, arpa_path)
+        metrics.update(arpa=str(arpa_path), arpa_seconds=time.perf_counter() - tick)
+    if blimp:
+        metrics.update(ngram_blimp(model, workdir.tokenizer(), blimp))
+    return {**metrics, **accounting.memory_record()}

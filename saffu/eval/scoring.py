@@ -7,13 +7,14 @@ text generation. Run directories (configs, explicit solutions, checkpoints) are
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from saffu._io import SaffuError
-from saffu.configs import GenerateConfig, TransformerConfig
+from saffu.configs import EvalConfig, GenerateConfig, TransformerConfig
 from saffu.data.tokenizer import EOD_ID, PAD_ID, decode
 from saffu.data.windows import total_nll
 from saffu.data.workdir import WorkDir
@@ -190,3 +191,23 @@ def generate_ids(params: Params, config: SaffuConfig, prompt_ids, key: jax.Array
             break
         windows = np.concatenate([windows[:, 1:], tokens[:, None].astype(np.int32)], axis=1)
     return outputs
+
+
+def eval_splits(workdir) -> list[str]:
+    """Every split of ``workdir`` but the training split."""
+    return [s for s in workdir.meta["splits"] if s != workdir.train_split]
+
+
+def score_splits(params, config, workdir, splits=None, eval_tokens: int = EvalConfig.eval_tokens,
+                 progress: bool = False, say: Callable[[str], None] = lambda message: None) -> dict:
+    """Figures of every non-training split of ``workdir`` (or ``splits``) under ``config`` with
+    ``params`` (:func:`saffu.eval.scoring.evaluate_split`): about ``eval_tokens`` tokens of
+    whole documents each (0: every token)."""
+    limit, metrics = eval_tokens or None, {}
+    for split in splits or eval_splits(workdir):
+        total = workdir.split_info(split)["predicted_tokens"]
+        say(f"evaluating {split}: all {total:,} tokens" if limit is None or limit >= total else
+            f"evaluating {split}: about {limit:,} of its {total:,} tokens, whole documents from evenly spaced parts "
+            f"of it (--eval-tokens 0 scores all)")
+        metrics.update(evaluate_split(params, config, workdir, split, limit, progress))
+    return metrics
