@@ -1,10 +1,24 @@
 """Strict test configuration: 4 forced CPU devices (so sharded code really shards), rank
-promotion errors, and small corpora built on the fly."""
+promotion errors, a compilation cache shared by the test workers and the command-line runs they
+start, and small corpora built on the fly."""
 
+import getpass
 import os
+import tempfile
 
 import jax
 import pytest
+
+# JAX's persistent compilation cache, every compilation however small: the xdist workers and the
+# `saffu` processes the CLI tests start compile many of the same programs (the environment is what
+# those processes read). Keyed by the program, the jax version, the backend and the compile
+# options, so a hit gives the same executable; a rerun on this machine starts warm.
+CACHE = {"jax_compilation_cache_dir": os.path.join(tempfile.gettempdir(), f"saffu-tests-jax-cache-{getpass.getuser()}"),
+         "jax_compilation_cache_max_size": 1 << 30,    # least recently used entries go past 1 GiB
+         "jax_persistent_cache_min_compile_time_secs": 0.0, "jax_persistent_cache_min_entry_size_bytes": 0}
+for name, value in CACHE.items():
+    os.environ.setdefault(name.upper(), str(value))
+    jax.config.update(name, type(value)(os.environ[name.upper()]))
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            " --xla_force_host_platform_device_count=4").strip()
