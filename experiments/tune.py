@@ -238,7 +238,8 @@ def budget_rates(args, start: str, chosen: dict, epochs: float, run: bool) -> tu
             return rates, {**chosen, **best}, done
         except SaffuError as error:
             extra = round(rates[-1] * 2, 12) if "largest" in str(error) else round(rates[0] / 2, 12)
-            probed = (args.out / "runs" / name_of(start, {**chosen, "learning_rate": extra}, epochs) / "result.json").exists()
+            folder = args.out / "runs" / name_of(start, {**chosen, "learning_rate": extra}, epochs)
+            probed = (folder / "result.json").exists()
             if not (run or probed) or "learning_rate" not in str(error) or len(rates) > 5:
                 print(f"{start} at {epochs:g} epochs: {error}")
                 return rates, None, done

@@ -32,17 +32,16 @@ subset_workdir`) the explicit parts are solved from that fraction only, and thei
 added to the variant's training seconds. Each run (variant, seed, fraction) trains one epoch,
 records dev loss every ``--eval-every`` steps on evenly spaced dev windows, and is scored on the
 whole dev split at the end; finished runs are skipped on a rerun, so several processes (say one
-per core) can share ``--out``. ``--report`` gathers every finished run into ``report.json``, a
-table (``report.md``) and ``curves.png``: dev loss against steps, seconds (solve included) and
-FLOPs, and the steps-to-target table (target = the cold start's mean final dev loss on the
-same windows).
+per core) can share ``--out``. Each run's ``result.json`` holds its history (dev loss against
+steps, seconds and FLOPs); :mod:`budgets` gathers these runs into the sweep's table, its
+multipliers and its steps to the cold start's loss, and ``saffu inspect`` profiles a run's
+attention.
 
     python experiments/warm_transformer.py --workdir runs/babylm --out runs/warm_transformer \\
         --exact-run runs/exact_kn --variants cold residual --seeds 0 1 2
     python experiments/warm_transformer.py --workdir runs/babylm --out runs/warm_transformer \\
         --exact-run runs/exact_kn --variants cold explicit-init residual kn-residual --seeds 0 \\
         --probe-lrs 0.003 0.01 0.03
-    python experiments/warm_transformer.py --workdir runs/babylm --out runs/warm_transformer --report
 """
 
 from __future__ import annotations
@@ -51,8 +50,6 @@ import dataclasses
 import json
 import math
 from pathlib import Path
-
-import numpy as np
 
 from saffu._io import SaffuError
 from saffu.configs import FactorConfig  # imports no jax
@@ -222,180 +219,13 @@ def _transformer(args, vocab_size: int):
     return TransformerConfig(vocab_size, width=args.width, layers=args.layers, block="gpt", output_bias=True)
 
 
-def _first_at(history: list[dict], target: float, offset: float, key: str) -> float:
-    """The first ``key`` (plus ``offset``) at which the recorded dev loss is at or below
-    ``target``, interpolated linearly between evaluations; ``nan`` if never."""
-    previous = None
-    for record in history:
-        if record["dev_loss"] <= target:
-            if previous is None or previous["dev_loss"] == record["dev_loss"]:
-                return record[key] + offset
-            share = (previous["dev_loss"] - target) / (previous["dev_loss"] - record["dev_loss"])
-            return previous[key] + share * (record[key] - previous[key]) + offset
-        previous = record
-    return math.nan
-
-
-def report(out: Path) -> dict:
-    """Gather every finished run under ``out/runs`` into ``report.json``, ``report.md`` and ``curves.png``."""
-    results = [json.loads(path.read_text()) for path in sorted((out / "runs").glob("*/result.json"))]
-    # this experiment's runs only: budgets.py puts any_model.py's runs (a "model", no "fraction") beside them
-    results = [r for r in results if "fraction" in r and "model" not in r]
-    if not results:
-        raise SystemExit(f"no finished runs under {out / 'runs'}")
-    rows, lines = [], []
-    # one group per data fraction, budget and width: runs of other budgets are not more seeds
-    setting = lambda r: (r["fraction"], r.get("epochs", 1), r.get("width", 128))
-    settings = sorted({setting(r) for r in results})
-    record = out / "probe" / "choice.json"
-    probes = json.loads(record.read_text()) if record.exists() else {}      # the learning-rate probes so far
-    chosen = {variant: entry["learning_rate"] for variant, entry in probes.items()}
-    rate_of = lambda variant: chosen.get(variant, DEFAULT_LR)
-    lines.append("| data | epochs | width | variant | learning rate | seeds | trained params | dev bits/byte (mean ± sd) | "
-                 "dev loss | steps to target | seconds to target (solve incl.) | FLOPs to target |")
-    lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for fraction, epochs, width in settings:
-        here = [r for r in results if setting(r) == (fraction, epochs, width)]
-        # the target: the cold start at its own (probed) rate, else at any rate it was run at
-        cold = ([r for r in here if r["variant"] == "cold" and r["learning_rate"] == rate_of("cold")]
-                or [r for r in here if r["variant"] == "cold"])
-        if cold:
-            cold = [r for r in cold if r["learning_rate"] == cold[0]["learning_rate"]]
-            target = float(np.mean([r["history"][-1]["dev_loss"] for r in cold]))
-            cold_steps = float(np.mean([r["history"][-1]["step"] for r in cold]))
-            cold_seconds = float(np.mean([r["history"][-1]["seconds"] for r in cold]))
-            cold_flops = float(np.mean([r["history"][-1]["flops"] for r in cold]))
-        for variant, learning_rate in sorted({(r["variant"], r["learning_rate"]) for r in here},
-                                             key=lambda pair: (VARIANTS.index(pair[0]), pair[1])):
-            group = [r for r in here if r["variant"] == variant and r["learning_rate"] == learning_rate]
-            bpb = [r["dev_bpb"] for r in group]
-            row = {"fraction": fraction, "epochs": epochs, "width": width, "variant": variant,
-                   "learning_rate": learning_rate,
-                   "probe_choice": variant in chosen and chosen[variant] == learning_rate,
-                   "seeds": [r["seed"] for r in group],
-                   "trained_params": group[0]["trained_params"], "dev_bpb_mean": float(np.mean(bpb)),
-                   "dev_bpb_sd": float(np.std(bpb, ddof=1)) if len(bpb) > 1 else 0.0,
-                   "dev_loss_mean": float(np.mean([r["dev_loss"] for r in group])),
-                   "solve_seconds": float(np.mean([r["solve_seconds"] for r in group])),
-                   "train_seconds": float(np.mean([r["history"][-1]["seconds"] for r in group]))}
-            if "scale" in group[0]:
-                row["scale_mean"] = float(np.mean([r["scale"] for r in group]))
-            if cold:
-                # the target is the cold seeds' mean final loss; the cold start's own share is 100%
-                # by definition (a seed that ends above the mean would otherwise read "not reached")
-                own = all(r in cold for r in group)
-                at = (lambda r, key, offset: r["history"][-1][key]) if own else \
-                    (lambda r, key, offset, target=target: _first_at(r["history"], target, offset, key))
-                steps = [at(r, "step", 0.0) for r in group]
-                seconds = [at(r, "seconds", r["solve_seconds"]) for r in group]
-                flops = [at(r, "flops", 0.0) for r in group]
-                row.update(target_dev_loss=target, steps_to_target=float(np.mean(steps)),
-                           steps_share=float(np.mean(steps)) / cold_steps,
-                           seconds_to_target=float(np.mean(seconds)), seconds_share=float(np.mean(seconds)) / cold_seconds,
-                           flops_to_target=float(np.mean(flops)), flops_share=float(np.mean(flops)) / cold_flops)
-            rows.append(row)
-            share = (lambda key, row=row: f"{row[key]:.0%}" if key in row and math.isfinite(row[key]) else "not reached")
-            sd = f" ± {row['dev_bpb_sd']:.4f}" if len(group) > 1 else " (one seed)"
-            rate = f"{learning_rate:g}" + (" (probed)" if row["probe_choice"] else "")
-            lines.append(f"| {fraction:.0%} | {epochs} | {width} | {variant} | {rate} | {len(group)} | "
-                         f"{row['trained_params']:,} | "
-                         f"{row['dev_bpb_mean']:.4f}{sd} | {row['dev_loss_mean']:.4f} | "
-                         f"{share('steps_share')} | {share('seconds_share')} | {share('flops_share')} |")
-    if probes:
-        rates = sorted({float(rate) for entry in probes.values() for rate in entry["losses"]})
-        lines += ["", f"Learning-rate probe (one run per rate on {next(iter(probes.values()))['fraction']:.0%} of "
-                      "the training data, seed 0; last periodic dev loss, nats/token):", "",
-                  "| variant | " + " | ".join(f"lr {rate:g}" for rate in rates) + " | chosen |",
-                  "|---|" + "---|" * (len(rates) + 1)]
-        for variant in sorted(probes, key=VARIANTS.index):
-            losses = probes[variant]["losses"]
-            lines.append(f"| {variant} | " + " | ".join(f"{losses[f'{rate:g}']:.4f}" if f"{rate:g}" in losses else "–"
-                                                        for rate in rates)
-                         + f" | {probes[variant]['learning_rate']:g} |")
-    table = "\n".join(lines)
-    (out / "report.md").write_text(table + "\n")
-    (out / "report.json").write_text(json.dumps({"rows": rows, "probes": probes}, indent=1))
-    _plot([r for r in results if r["learning_rate"] == rate_of(r["variant"])] or results, out / "curves.png")
-    print(table)
-    return {"rows": rows}
-
-
-def _plot(results: list[dict], path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    full = [r for r in results if r["fraction"] == max(x["fraction"] for x in results)]
-    figure, axes = plt.subplots(1, 3, figsize=(15, 4.2), sharey=True)
-    colours = dict(zip(VARIANTS, ("tab:gray", "tab:blue", "tab:olive", "tab:cyan", "tab:purple", "tab:red",
-                                  "tab:orange", "tab:pink", "tab:green", "tab:brown"), strict=True))
-    for variant in VARIANTS:
-        group = [r for r in full if r["variant"] == variant]
-        for i, r in enumerate(group):
-            history = r["history"]
-            loss = [h["dev_loss"] for h in history]
-            label = variant if i == 0 else None
-            axes[0].plot([h["step"] for h in history], loss, color=colours[variant], alpha=0.8, label=label)
-            axes[1].plot([h["seconds"] + r["solve_seconds"] for h in history], loss, color=colours[variant], alpha=0.8)
-            axes[2].plot([h["flops"] for h in history], loss, color=colours[variant], alpha=0.8)
-    for axis, name in zip(axes, ("optimizer steps", "seconds (explicit solve included)", "training FLOPs")):
-        axis.set_xlabel(name)
-        axis.grid(alpha=0.3)
-    axes[0].set_ylabel("dev loss (nats/token, evenly spaced windows)")
-    axes[0].legend()
-    figure.suptitle("transformer, one epoch: cold start against explicit init and explicit residuals "
-                    "(each seed, each variant at its own learning rate)")
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-
-
-def inspect(out: Path, args, source) -> dict:
-    """Attention diagnostics (:mod:`saffu.eval.attention`) of every finished run's final
-    transformer (``f_θ`` of a residual) on ``--inspect-windows`` evenly spaced dev windows;
-    each saved as the run's ``attention.json``, all of them in ``attention.png`` and ``attention.md``."""
-    import jax
-
-    from saffu.eval.attention import inspect_attention, plot_profiles
-    from saffu.training.checkpoints import load_latest_params
-    profiles, lines = {}, ["| run | max effective rank per layer (90% energy) | largest column's share per layer | "
-                           "first visible key's share per layer (uniform attention) | lazy layers |",
-                           "|---|---|---|---|---|"]
-    for path in sorted((out / "runs").glob("*/result.json")):
-        run = path.parent
-        record = run / "attention.json"
-        if not record.exists():
-            config = _transformer(args, source.vocab_size)
-            template = jax.eval_shape(lambda config=config: model_init(config, jax.random.key(0)))
-            if run.name.startswith("residual"):            # λ is trained (so checkpointed) when learned only
-                template = {"model": template, **({"scale": jax.ShapeDtypeStruct((), "float32")}
-                                                  if run.name.startswith("residual-learned") else {})}
-            loaded = load_latest_params(run / "train", template)
-            if loaded is None:
-                continue
-            params = loaded[0]["model"] if run.name.startswith("residual") else loaded[0]
-            record.write_text(json.dumps(inspect_attention(params, config, source.tokens("dev"),
-                                                           windows=args.inspect_windows)))
-        profiles[run.name] = profile = json.loads(record.read_text())
-        ranks = " ".join(str(layer["max_rank"]) for layer in profile["layers"])
-        shares = " ".join(f"{layer['mean_top_column_share']:.2f}" for layer in profile["layers"])
-        firsts = " ".join(f"{layer['mean_first_key_share']:.2f}" for layer in profile["layers"])
-        lines.append(f"| {run.name} | {ranks} | {shares} | {firsts} ({profile['first_key_share_if_uniform']:.2f}) | "
-                     f"{profile['lazy_layers'] or 'none'} |")
-    if profiles:
-        plot_profiles(profiles, out / "attention.png", "attention of the trained transformers (f_θ for residuals): "
-                      "effective rank and largest-column share per layer")
-        (out / "attention.md").write_text("\n".join(lines) + "\n")
-        print("\n".join(lines))
-    return profiles
-
-
 @dataclasses.dataclass
 class Options:
-    """The variants, seeds and shares of the training data to run, and the report.
+    """The variants, seeds and shares of the training data to run.
 
     Attributes:
-      workdir: a prepared work directory (not needed for --report)
-      out: runs and the report go here
+      workdir: a prepared work directory
+      out: the runs go here
       variants: the variants to train
       seeds: the seeds of each variant
       fractions: shares of the training split
@@ -416,10 +246,6 @@ class Options:
       eval_every: steps between dev evaluations
       eval_windows: dev windows of the periodic evaluations
       eval_tokens: dev tokens of the final score (0: all)
-      report: only gather the finished runs
-      metrics_json: flat JSON of the report's rows
-      inspect: also the attention diagnostics of every finished run (needs --workdir)
-      inspect_windows: dev windows of the attention diagnostics
     """
 
     workdir: Path | None = None
@@ -442,48 +268,32 @@ class Options:
     eval_every: int = 50
     eval_windows: int = 128
     eval_tokens: int = 0
-    report: bool = False
-    metrics_json: Path | None = None
-    inspect: bool = False
-    inspect_windows: int = 64
 
 
 def check(options: Options) -> None:
     if options.probe_lrs and not 0 < options.probe_fraction <= 1:
         raise SaffuError("--probe-fraction must be in (0, 1]")
-    if options.workdir is None and not options.report:
-        raise SaffuError("--workdir is required to train")
-    if options.workdir is None and options.inspect:
-        raise SaffuError("--inspect needs --workdir")
+    if options.workdir is None:
+        raise SaffuError("--workdir is required")
 
 
 def main(argv=None):
+    from saffu.data.workdir import open_workdir
     args = script_options(Options, argv, __doc__.splitlines()[0], check=check)
     args.out.mkdir(parents=True, exist_ok=True)
-    if not args.report:
-        from saffu.data.workdir import open_workdir
-        source = open_workdir(args.workdir)
-        rates = {variant: probe(variant, args, source)["learning_rate"] if args.probe_lrs else args.learning_rate
-                 for variant in args.variants}
-        for fraction in args.fractions:
-            for seed in args.seeds:
-                for variant in args.variants:
-                    name = run_name(variant, seed, fraction, rates[variant], args.epochs, args.width, args.folds)
-                    if (args.out / "runs" / name / "result.json").exists():
-                        continue
-                    result = run_one(variant, seed, fraction, args, source, rates[variant])
-                    print(f"{fraction:.0%} {variant:>16} seed {seed}: dev {result['dev_bpb']:.4f} bits/byte, "
-                          f"{result['history'][-1]['seconds']:.0f} s training + {result['solve_seconds']:.0f} s solve",
-                          flush=True)
-    summary = report(args.out)
-    if args.inspect:
-        from saffu.data.workdir import open_workdir
-        inspect(args.out, args, open_workdir(args.workdir))
-    if args.metrics_json:
-        from saffu._io import write_metrics
-        write_metrics(args.metrics_json, {f"{row['variant']}_f{row['fraction']:g}_lr{row['learning_rate']:g}_{key}": value
-                                          for row in summary["rows"] for key, value in row.items()
-                                          if isinstance(value, float)})
+    source = open_workdir(args.workdir)
+    rates = {variant: probe(variant, args, source)["learning_rate"] if args.probe_lrs else args.learning_rate
+             for variant in args.variants}
+    for fraction in args.fractions:
+        for seed in args.seeds:
+            for variant in args.variants:
+                name = run_name(variant, seed, fraction, rates[variant], args.epochs, args.width, args.folds)
+                if (args.out / "runs" / name / "result.json").exists():
+                    continue
+                result = run_one(variant, seed, fraction, args, source, rates[variant])
+                print(f"{fraction:.0%} {variant:>16} seed {seed}: dev {result['dev_bpb']:.4f} bits/byte, "
+                      f"{result['history'][-1]['seconds']:.0f} s training + {result['solve_seconds']:.0f} s solve",
+                      flush=True)
 
 
 if __name__ == "__main__":
