@@ -278,7 +278,8 @@ def report(args) -> dict:
                "workdir": str(args.workdir), "starts": starts, "architectures": others,
                "flags": {start: flags_of(start) for start in STARTS}}
     figures["race"] = race(figures)
-    figures["plot"] = plot(figures["race"], (args.out if args.quick else ROOT / "docs" / "results") / "tuning.png")
+    figures["plot"] = plot(figures["race"], (args.out if args.quick else ROOT / "docs" / "results") / "tuning.png",
+                           tuple(start for start, t in starts.items() if t["chosen"]))
     if args.quick:      # a check: its figures stay beside its runs, never in results/
         atomic_write_json(args.out / "tuning.json", figures)
         print(f"wrote {args.out / 'tuning.json'}")
@@ -335,9 +336,10 @@ def race(figures: dict) -> dict:
     return out
 
 
-def plot(race_rows: dict, path: Path) -> str:
-    """One panel per cold start the race measured against: its tuned cold curve (dev bits per
-    byte against compute) and each explicit start's best run of each budget, the epochs by the
+def plot(race_rows: dict, path: Path, tuned: tuple[str, ...] = ()) -> str:
+    """One panel per cold start the race measured against: its cold curve (dev bits per byte
+    against compute; ``tuned``: the cold starts with a grid of their own, the others run at
+    another's values) and each explicit start's best run of each budget, the epochs by the
     points; written to ``path`` (PNG). Returns the path (from the project root where it is inside
     it); ``""`` and no file when the race has no rows."""
     import matplotlib
@@ -349,7 +351,8 @@ def plot(race_rows: dict, path: Path) -> str:
     figure, axes = plt.subplots(1, len(colds), figsize=(4.2 * len(colds), 4), squeeze=False)
     for axis, cold in zip(axes[0], colds):
         curve = next(r["cold_curve"] for rows in race_rows.values() for r in rows if r["cold"] == cold)
-        axis.plot(*zip(*curve), marker="o", color="tab:gray", label=f"{cold} (tuned cold)")
+        how = "tuned" if cold in tuned else "width 128’s values"
+        axis.plot(*zip(*curve), marker="o", color="tab:gray", label=f"{cold} ({how})")
         for start, rows in race_rows.items():
             mine = [r for r in rows if r["cold"] == cold]
             if mine:
@@ -364,7 +367,7 @@ def plot(race_rows: dict, path: Path) -> str:
         axis.grid(alpha=0.3, which="both")
         axis.legend(fontsize=7)
     axes[0][0].set_ylabel("whole-dev bits per byte")
-    figure.suptitle("babylm-2023-4src: each explicit start against its architecture's tuned cold curve "
+    figure.suptitle("babylm-2023-4src: each explicit start against its architecture's cold curve "
                     "(epochs by the points)", fontsize=10)
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
