@@ -44,10 +44,13 @@ def git(*args: str, cwd: Path = ROOT) -> str:
     return subprocess.run(["git", "-C", str(cwd), *args], check=True, capture_output=True, text=True).stdout.strip()
 
 
-def clean_environment() -> dict:
+def clean_environment(clone: Path) -> dict:
     """The environment of a newcomer's shell: no active virtual environment (neither the
-    checkout's nor any other) and no PYTHONPATH, so ``make`` builds the clone's own ``.venv``."""
+    checkout's nor any other) and no PYTHONPATH, so ``make`` builds the clone's own ``.venv``;
+    the tests' JAX compilation cache an empty folder in the clone (a newcomer's machine has
+    none warm from earlier runs)."""
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
+    env["JAX_COMPILATION_CACHE_DIR"] = str(clone / ".jax-cache")
     venv = os.environ.get("VIRTUAL_ENV")
     keep = [p for p in env.get("PATH", "").split(os.pathsep)
             if p and not (venv and p.startswith(venv)) and not p.startswith(str(ROOT))]
@@ -113,7 +116,7 @@ def main(argv=None) -> int:
         say(f"cloning {ROOT} at {revision[:7]} into {clone} (../shared resolves to {clone.parent / 'shared'})")
         git("clone", "--quiet", str(ROOT), str(clone), cwd=ROOT.parent)
         git("checkout", "--quiet", "--detach", revision, cwd=clone)
-        env = clean_environment()
+        env = clean_environment(clone)
         started = datetime.datetime.now(datetime.UTC)
         before = os.getloadavg()
         demo_seconds, demo_ok, _ = run_step("demo", clone, env)
