@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import shlex
 import subprocess
 import sys
@@ -40,7 +39,7 @@ from pathlib import Path
 
 from results import write_result
 from saffu._io import SaffuError, atomic_write_json
-from saffu.eval.race import choose, compute_with_solve, multiplier
+from saffu.eval.race import GROW_BY_TWO, combinations, compute_with_solve, multiplier, search
 from saffu.flags import DEFAULT_CORPUS, TRANSFORMER_RENAME, flag_name, script_options
 from saffu.runner import SPEC, command, sweep
 
@@ -93,18 +92,6 @@ QUICK_GRID = {**GRID, "learning_rate": [3e-3, 1e-2, 3e-2], "weight_decay": [0.0]
 def grid_of(args, start: str) -> dict:
     """The grid ``start`` is tuned on (``--quick``: :data:`QUICK_GRID`)."""
     return QUICK_GRID if args.quick else GRID_OF.get(start, GRID)
-
-def _half_decade(value: float, up: bool) -> float:
-    """The next value of the half-decade grid 1, 3, 10, 30, … × 10^k above (or below) ``value``."""
-    decade = 10.0 ** math.floor(math.log10(value) + 1e-9)
-    steps = [decade * m for m in (0.3, 1, 3, 10, 30)]
-    return round(min(s for s in steps if s > value * 1.01) if up else max(s for s in steps if s < value * 0.99), 12)
-
-
-#: How a grid grows beyond an edge: the next value above (below) the largest (smallest).
-GROW = {"learning_rate": (lambda v: _half_decade(v, True), lambda v: _half_decade(v, False)),
-        "weight_decay": (lambda v: round(v * 3, 12), None), "dropout": (lambda v: round(v + 0.1, 12), None)}
-
 
 @dataclasses.dataclass
 class Options:
@@ -179,71 +166,38 @@ def load(out: Path, name: str) -> dict:
     return json.loads((out / "runs" / name / "result.json").read_text())
 
 
-def grown(grid: dict, error: SaffuError) -> dict | None:
-    """``grid`` grown one value beyond the edge ``error`` (from :func:`choose`) names, or None."""
-    text = str(error)
-    for name, (up, down) in GROW.items():
-        if f"best {name} " in text:
-            values = sorted(grid[name])
-            if "largest" in text:
-                return {**grid, name: values + [up(values[-1])]}
-            if down is not None:
-                return {**grid, name: [down(values[0])] + values}
-    return None
-
-
-def combos(grid: dict) -> list[dict]:
-    out = [{}]
-    for name, values in grid.items():
-        out = [{**c, name: v} for c in out for v in values]
-    return out
+def _losses(args, start: str, epochs: float, run: bool, fixed: dict | None = None):
+    """``combos -> [(values, dev bits per byte), …]`` of ``start``'s runs at ``epochs`` (each combo
+    over ``fixed``), running the missing ones first when ``run`` (:func:`saffu.eval.race.search`)."""
+    def losses(combos: list[dict]) -> list:
+        wanted = [(start, {**(fixed or {}), **values}, epochs) for values in combos]
+        if run:
+            run_all(args, wanted)
+        return [(values, load(args.out, name_of(*w))["dev_bpb"]) for values, w in zip(combos, wanted)
+                if (args.out / "runs" / name_of(*w) / "result.json").exists()]
+    return losses
 
 
 def tuned_grid(args, start: str, run: bool) -> tuple[dict, dict | None, list]:
     """``(grid, chosen values or None, probes)`` of ``start``'s quarter-epoch search; with
     ``run``, probes what is missing, growing the grid past an edge until the choice holds."""
-    grid = dict(grid_of(args, start))
-    while True:
-        wanted = [(start, values, args.share) for values in combos(grid)]
-        if run:
-            run_all(args, wanted)
-        done = [(v, load(args.out, name_of(start, v, args.share))["dev_bpb"]) for _, v, _ in wanted
-                if (args.out / "runs" / name_of(start, v, args.share) / "result.json").exists()]
-        try:
-            return grid, choose(grid, done), done
-        except SaffuError as error:
-            bigger = grown(grid, error)
-            probed = bigger is not None and all(
-                (args.out / "runs" / name_of(start, v, args.share) / "result.json").exists() for v in combos(bigger))
-            if bigger is None or not (run or probed) or len(bigger["learning_rate"]) > 7:
-                print(f"{start}: {error}")
-                return grid, None, done
-            if run:
-                print(f"{start}: {error}: growing the grid", flush=True)
-            grid = bigger
+    found = search(grid_of(args, start), _losses(args, start, args.share, run), extend=run)
+    if found.why:
+        print(f"{start}: {found.why}")
+    return found.grid, found.chosen, found.probes
 
 
 def budget_rates(args, start: str, chosen: dict, epochs: float, run: bool) -> tuple[list, dict | None, list]:
     """``(rates, chosen values or None, runs)`` of ``start`` at ``epochs``: the tuned rate and its
-    ½× and 2× neighbours, grown past an edge while running (and, reporting, as far as runs exist)."""
+    ½× and 2× neighbours, grown past an edge while running (and, reporting, as far as runs exist);
+    the weight decay and dropout stay the grid's."""
     rates = sorted({round(chosen["learning_rate"] * f, 12) for f in (0.5, 1.0, 2.0)})
-    while True:
-        wanted = [(start, {**chosen, "learning_rate": r}, epochs) for r in rates]
-        if run:
-            run_all(args, wanted)
-        done = [(v, load(args.out, name_of(start, v, epochs))["dev_bpb"]) for _, v, _ in wanted
-                if (args.out / "runs" / name_of(start, v, epochs) / "result.json").exists()]
-        try:       # the weight decay and dropout stay the grid's: only the rate is searched here
-            best = choose({"learning_rate": rates}, [({"learning_rate": v["learning_rate"]}, loss) for v, loss in done])
-            return rates, {**chosen, **best}, done
-        except SaffuError as error:
-            extra = round(rates[-1] * 2, 12) if "largest" in str(error) else round(rates[0] / 2, 12)
-            folder = args.out / "runs" / name_of(start, {**chosen, "learning_rate": extra}, epochs)
-            probed = (folder / "result.json").exists()
-            if not (run or probed) or "learning_rate" not in str(error) or len(rates) > 5:
-                print(f"{start} at {epochs:g} epochs: {error}")
-                return rates, None, done
-            rates = sorted(rates + [extra])
+    found = search({"learning_rate": rates}, _losses(args, start, epochs, run, chosen), extend=run,
+                   rules=GROW_BY_TWO, max_values=6)
+    if found.why:
+        print(f"{start} at {epochs:g} epochs: {found.why}")
+    runs = [({**chosen, **values}, loss) for values, loss in found.probes]
+    return found.grid["learning_rate"], {**chosen, **found.chosen} if found.chosen else None, runs
 
 
 def report(args) -> dict:
@@ -409,7 +363,7 @@ def main(argv=None) -> int:
         raise SystemExit("give --phase grid, --phase budgets or --report")
     if args.phase == "grid":      # every start's grid in one queue (no core waits), then each grows past its edges
         run_all(args, [(start, values, args.share) for start in args.starts
-                     for values in combos(grid_of(args, start))])
+                     for values in combinations(grid_of(args, start))])
         for start in args.starts:
             print(f"{start}: {tuned_grid(args, start, run=True)[1]}", flush=True)
     elif args.phase == "budgets":

@@ -93,3 +93,48 @@ def test_steps_to_a_loss_are_read_off_the_periodic_curve():
     assert steps_to_reach(list(reversed(curve)), 5.0) == pytest.approx(50.0)   # any order
     assert steps_to_reach(curve, 9.5) == 0.0                        # already there at the start
     assert steps_to_reach(curve, 3.9) is None                       # never
+
+
+def _recorded(loss, asked: list):
+    """A ``losses`` callable of :func:`saffu.eval.race.search` that 'runs' every combination it is
+    given (``loss(values)``), recording each it had not run before in ``asked``."""
+    def losses(combos):
+        for values in combos:
+            if values not in asked:
+                asked.append(values)
+        return [(values, loss(values)) for values in combos]
+    return losses
+
+
+def test_the_search_grows_the_grid_past_an_edge_until_the_best_is_inside():
+    from saffu.eval.race import search
+    # the best rate is 0.1 (beyond the grid's 0.03), the best weight decay 0.3 (beyond 0.1), no dropout
+    loss = lambda v: (math.log10(v["learning_rate"]) + 1) ** 2 + (v["weight_decay"] - 0.3) ** 2 + v["dropout"]
+    asked = []
+    found = search(GRID, _recorded(loss, asked))
+    assert found.chosen == {"learning_rate": 0.1, "weight_decay": 0.3, "dropout": 0.0} and found.why == ""
+    assert found.grid["learning_rate"] == [1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3]      # half-decade steps, one past
+    assert found.grid["weight_decay"] == [0.0, 0.1, 0.3, 0.9]
+    assert len(asked) == len(found.probes) == 6 * 4 * 2            # every combination once, no more
+
+
+def test_a_report_grows_the_grid_only_as_far_as_its_runs_go():
+    from saffu.eval.race import combinations, search
+    loss = lambda v: (math.log10(v["learning_rate"]) + 1) ** 2 + v["weight_decay"] + v["dropout"]
+    have = {tuple(v.values()): loss(v) for v in combinations({**GRID, "learning_rate": GRID["learning_rate"] + [0.1]})}
+    runs = lambda combos: [(v, have[tuple(v.values())]) for v in combos if tuple(v.values()) in have]
+    found = search(GRID, runs, extend=False)            # 0.1 is run but is itself the edge; 0.3 is not
+    assert found.chosen is None and "largest" in found.why and found.grid["learning_rate"][-1] == 0.1
+    have.update({tuple(v.values()): loss(v) for v in combinations({**GRID, "learning_rate": [0.3]})})
+    assert search(GRID, runs, extend=False).chosen == {"learning_rate": 0.1, "weight_decay": 0.0, "dropout": 0.0}
+
+
+def test_a_budgets_rates_grow_by_two_and_stop_at_their_limit():
+    from saffu.eval.race import GROW_BY_TWO, search
+    asked = []
+    found = search({"learning_rate": [0.015, 0.03, 0.06]},
+                   _recorded(lambda v: abs(math.log(v["learning_rate"] / 0.012)), asked), rules=GROW_BY_TWO, max_values=6)
+    assert found.chosen == {"learning_rate": 0.015} and found.grid["learning_rate"] == [0.0075, 0.015, 0.03, 0.06]
+    falling = search({"learning_rate": [0.015, 0.03, 0.06]}, _recorded(lambda v: -v["learning_rate"], []),
+                     rules=GROW_BY_TWO, max_values=6)      # always better higher: grows to 6 rates, then gives up
+    assert falling.chosen is None and len(falling.grid["learning_rate"]) == 6 and "largest" in falling.why

@@ -1,5 +1,6 @@
 """A fair race between starts: the tuning record (a grid search whose best value may not sit at
-a grid edge) and the compute multiplier of an explicit start against a tuned cold start's
+a grid edge, :func:`choose`; the search that grows a grid past its edges until it does not,
+:func:`search`) and the compute multiplier of an explicit start against a tuned cold start's
 loss-vs-compute curve.
 
 A multiplier is ``measured`` only when the explicit run's loss lies inside the cold curve (the
@@ -140,3 +141,84 @@ def _combinations(grid: Mapping[str, Sequence[float]]) -> list[tuple[float, ...]
     for values in grid.values():
         combos = [combo + (float(v),) for combo in combos for v in values]
     return combos
+
+
+def half_decade(value: float, up: bool) -> float:
+    """The next value of the half-decade grid 1, 3, 10, 30, … × 10^k above (``up``) or below
+    ``value``: a learning-rate grid's next value beyond its edge."""
+    decade = 10.0 ** math.floor(math.log10(value) + 1e-9)
+    steps = [decade * m for m in (0.3, 1, 3, 10, 30)]
+    return round(min(s for s in steps if s > value * 1.01) if up else max(s for s in steps if s < value * 0.99), 12)
+
+
+#: How a grid grows beyond an edge (:func:`search`): ``{name: (next above the largest, next below
+#: the smallest or None)}``; a name of :data:`FLOORS` grows upwards only.
+GROW = {"learning_rate": (lambda v: half_decade(v, True), lambda v: half_decade(v, False)),
+        "weight_decay": (lambda v: round(v * 3, 12), None), "dropout": (lambda v: round(v + 0.1, 12), None)}
+#: A budget's rates grow by factors of two (the chosen rate's ½× and 2× neighbours, then beyond).
+GROW_BY_TWO = {"learning_rate": (lambda v: round(v * 2, 12), lambda v: round(v / 2, 12))}
+
+
+def combinations(grid: Mapping[str, Sequence[float]]) -> list[dict]:
+    """Every combination of ``grid`` ``{name: values}`` as ``{name: value}``, the first name outermost."""
+    return [dict(zip(grid, combo)) for combo in _combinations(grid)]
+
+
+def grown(grid: Mapping[str, Sequence[float]], error: SaffuError,
+          rules: Mapping[str, tuple] = GROW) -> dict | None:
+    """``grid`` grown one value beyond the edge that ``error`` (from :func:`choose`) names, by
+    ``rules`` (:data:`GROW`); ``None`` when no rule grows it that way."""
+    text = str(error)
+    for name, (up, down) in rules.items():
+        if f"best {name} " in text and name in grid:
+            values = sorted(grid[name])
+            if "largest" in text:
+                return {**grid, name: values + [up(values[-1])]}
+            if "smallest" in text and down is not None:
+                return {**grid, name: [down(values[0])] + values}
+    return None
+
+
+class Search(NamedTuple):
+    """What :func:`search` found.
+
+    Attributes:
+      grid: the grid searched, grown beyond the edges the best sat at.
+      chosen: the best combination ``{name: value}``, or ``None`` while the grid is incomplete
+        or its best still sits at an edge.
+      probes: ``[(values, loss), …]`` of the grid's combinations that have a loss.
+      why: why nothing was chosen (the last :func:`choose` error); empty when chosen.
+    """
+
+    grid: dict
+    chosen: dict | None
+    probes: list
+    why: str
+
+
+def search(grid: Mapping[str, Sequence[float]], losses, extend: bool = True, rules: Mapping[str, tuple] = GROW,
+           max_values: int = 7) -> Search:
+    """The tuning protocol's search: the full ``grid``, grown one value beyond an edge wherever its
+    best sits at one (:func:`choose`, :func:`grown`), until it does not.
+
+    Args:
+      grid: ``{name: values}`` to start from.
+      losses: ``combos -> [(values, loss), …]``: the loss of each combination of the list it is
+        given that it has, or runs (a sweep); the combinations it leaves out count as missing.
+      extend: grow the grid and ask ``losses`` for the new combinations; without it (a report of
+        the runs there are), the grid grows only where every grown combination already has a loss.
+      rules: how each name grows (:data:`GROW`, :data:`GROW_BY_TWO`).
+      max_values: no name grows past this many values.
+    """
+    grid = {name: list(values) for name, values in grid.items()}
+    while True:
+        probes = list(losses(combinations(grid)))
+        try:
+            return Search(grid, choose(grid, probes), probes, "")
+        except SaffuError as error:
+            bigger = grown(grid, error, rules)
+            if bigger is None or any(len(values) > max_values for values in bigger.values()):
+                return Search(grid, None, probes, str(error))
+            if not extend and len(list(losses(combinations(bigger)))) < len(combinations(bigger)):
+                return Search(grid, None, probes, str(error))
+            grid = bigger
