@@ -41,6 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from saffu._io import SaffuError
+from saffu.eval.race import steps_to_reach
 from saffu.flags import script_options
 from saffu.interop.init import FOLD_SHARE
 from saffu.models.interface import model_init
@@ -240,20 +241,6 @@ def run_one(name: str, init: str, args) -> dict:
     return result
 
 
-def first_at(history: list[dict], target: float) -> float:
-    """The first step whose periodic dev loss is at or below ``target`` (linear between
-    evaluations); ``nan`` if none."""
-    previous = None
-    for record in history:
-        if record["dev_loss"] <= target:
-            if previous is None:
-                return float(record["step"])
-            share = (previous["dev_loss"] - target) / (previous["dev_loss"] - record["dev_loss"])
-            return previous["step"] + share * (record["step"] - previous["step"])
-        previous = record
-    return math.nan
-
-
 def summarise(results: list[dict]) -> dict:
     """Flat figures per model: both inits' dev loss and bits/byte, the gain, and the explicit
     run's steps to the random run's final periodic dev loss. ``<model>_explicit_*`` is the
@@ -266,7 +253,8 @@ def summarise(results: list[dict]) -> dict:
         if "random" not in runs or warm is None:
             continue
         cold = runs["random"]
-        reached = first_at(warm["history"], cold["history"][-1]["dev_loss"])
+        reached = steps_to_reach([(h["step"], h["dev_loss"]) for h in warm["history"]], cold["history"][-1]["dev_loss"])
+        reached = math.nan if reached is None else reached       # never reached
         figures.update({f"{name}_random_dev_loss": cold["dev_loss"], f"{name}_explicit_dev_loss": warm["dev_loss"],
                         f"{name}_random_dev_bpb": cold["dev_bpb"], f"{name}_explicit_dev_bpb": warm["dev_bpb"],
                         f"{name}_gain_bpb": cold["dev_bpb"] - warm["dev_bpb"],
