@@ -4,7 +4,9 @@ start, and small corpora built on the fly."""
 
 import getpass
 import os
+import shutil
 import tempfile
+from pathlib import Path
 
 import jax
 import pytest
@@ -12,13 +14,23 @@ import pytest
 # JAX's persistent compilation cache, every compilation however small: the xdist workers and the
 # `saffu` processes the CLI tests start compile many of the same programs (the environment is what
 # those processes read). Keyed by the program, the jax version, the backend and the compile
-# options, so a hit gives the same executable; a rerun on this machine starts warm.
+# options, so a hit gives the same executable; a rerun on this machine starts warm. No size limit
+# for JAX to keep (its eviction locks and rescans the folder on every write): past 1 GiB the
+# folder is emptied when a session starts (pytest_configure).
 CACHE = {"jax_compilation_cache_dir": os.path.join(tempfile.gettempdir(), f"saffu-tests-jax-cache-{getpass.getuser()}"),
-         "jax_compilation_cache_max_size": 1 << 30,    # least recently used entries go past 1 GiB
          "jax_persistent_cache_min_compile_time_secs": 0.0, "jax_persistent_cache_min_entry_size_bytes": 0}
 for name, value in CACHE.items():
     os.environ.setdefault(name.upper(), str(value))
     jax.config.update(name, type(value)(os.environ[name.upper()]))
+
+
+def pytest_configure(config):
+    """Empty the compilation cache past 1 GiB, in the controlling process before any worker starts."""
+    folder = Path(os.environ["JAX_COMPILATION_CACHE_DIR"])
+    if not hasattr(config, "workerinput") and folder.is_dir() and \
+            sum(f.stat().st_size for f in folder.iterdir() if f.is_file()) > 1 << 30:
+        shutil.rmtree(folder, ignore_errors=True)
+
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            " --xla_force_host_platform_device_count=4").strip()
