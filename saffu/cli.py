@@ -156,12 +156,11 @@ def cmd_prepare(args) -> dict:
 
 def cmd_stats(args) -> dict:
     from saffu.eval.metrics import split_metrics
-    from saffu.eval.scoring import eval_splits
     from saffu.solve.bigram import save_offset_statistics
     from saffu.training.recipes import count_model
     writer = _join_processes(args)
     workdir, config = _workdir(args), flags.bigram_from_args(args)
-    nlls, report = count_model(workdir, args.model, config, eval_splits(workdir), progress=not args.quiet)
+    nlls, report = count_model(workdir, args.model, config, workdir.eval_splits, progress=not args.quiet)
     metrics = {"model": args.model, "vocab_size": workdir.vocab_size, **{k: v for k, v in report.items() if k != "seconds"}}
     for split, nll in nlls.items():
         metrics.update(split_metrics(nll, workdir.split_info(split), prefix=f"{split}_"))

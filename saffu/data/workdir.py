@@ -54,6 +54,11 @@ class WorkDir:
     def train_split(self) -> str:
         return self.meta["train_split"]
 
+    @property
+    def eval_splits(self) -> list[str]:
+        """Every split but the training split, in the order they were prepared."""
+        return [split for split in self.meta["splits"] if split != self.train_split]
+
     def tokens(self, split: str) -> np.ndarray:
         """The token stream of ``split`` as a read-only memory map, ``uint16|uint32[N]``."""
         if split not in self.meta["splits"]:

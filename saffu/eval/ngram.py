@@ -69,12 +69,11 @@ def ngram_baseline(workdir, config: NgramConfig = NgramConfig(), arpa_path: Path
     fit seconds and tokens/s, model size, every other split's figures, optionally the ARPA file
     at ``arpa_path`` and BLiMP accuracy on the ``blimp`` folder, peak memory."""
     train_stream, start = workdir.tokens(workdir.train_split), time.perf_counter()
-    others = [split for split in workdir.meta["splits"] if split != workdir.train_split]
     model = fit_kneser_ney(train_stream, config.order, vocab_size=workdir.vocab_size,
                            progress="count n-grams" if progress else None)
     fit_seconds = time.perf_counter() - start
     metrics = {"order": config.order, "fit_seconds": fit_seconds, "tokens_per_s": (len(train_stream) - 1) / fit_seconds,
-               **model_size(model), **ngram_splits(model, workdir, others, progress=progress)}
+               **model_size(model), **ngram_splits(model, workdir, workdir.eval_splits, progress=progress)}
     if arpa_path:
         tick = time.perf_counter()
         arpa.write_arpa(model, arpa_path)

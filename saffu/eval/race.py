@@ -211,14 +211,16 @@ def search(grid: Mapping[str, Sequence[float]], losses, extend: bool = True, rul
       max_values: no name grows past this many values.
     """
     grid = {name: list(values) for name, values in grid.items()}
+    probes = list(losses(combinations(grid)))
     while True:
-        probes = list(losses(combinations(grid)))
         try:
             return Search(grid, choose(grid, probes), probes, "")
         except SaffuError as error:
             bigger = grown(grid, error, rules)
             if bigger is None or any(len(values) > max_values for values in bigger.values()):
                 return Search(grid, None, probes, str(error))
-            if not extend and len(list(losses(combinations(bigger)))) < len(combinations(bigger)):
+            wanted = combinations(bigger)
+            more = list(losses(wanted))       # runs the new combinations when extending
+            if not extend and len(more) < len(wanted):
                 return Search(grid, None, probes, str(error))
-            grid = bigger
+            grid, probes = bigger, more

@@ -193,18 +193,13 @@ def generate_ids(params: Params, config: SaffuConfig, prompt_ids, key: jax.Array
     return outputs
 
 
-def eval_splits(workdir) -> list[str]:
-    """Every split of ``workdir`` but the training split."""
-    return [s for s in workdir.meta["splits"] if s != workdir.train_split]
-
-
 def score_splits(params, config, workdir, splits=None, eval_tokens: int = EvalConfig.eval_tokens,
                  progress: bool = False, say: Callable[[str], None] = lambda message: None) -> dict:
     """Figures of every non-training split of ``workdir`` (or ``splits``) under ``config`` with
     ``params`` (:func:`saffu.eval.scoring.evaluate_split`): about ``eval_tokens`` tokens of
     whole documents each (0: every token)."""
     limit, metrics = eval_tokens or None, {}
-    for split in splits or eval_splits(workdir):
+    for split in splits or workdir.eval_splits:
         total = workdir.split_info(split)["predicted_tokens"]
         say(f"evaluating {split}: all {total:,} tokens" if limit is None or limit >= total else
             f"evaluating {split}: about {limit:,} of its {total:,} tokens, whole documents from evenly spaced parts "
