@@ -524,15 +524,12 @@ def restore_training_state(manager: ocp.CheckpointManager, run_dir: Path, params
 
 
 def latest_checkpoint_step(run_dir: str | Path) -> int | None:
-    """The step of the latest training checkpoint in ``run_dir/checkpoints``, or None."""
+    """The step of the latest training checkpoint in ``run_dir/checkpoints``, or None. Read from
+    the folder's names, not through a manager: in a multi-process job a manager's creation is a
+    collective, and whether the folder exists yet may differ between processes (process 0 makes
+    it), so a manager here would leave them in different collectives."""
     directory = Path(run_dir) / "checkpoints"
-    if not directory.is_dir():
-        return None
-    manager = checkpoint_manager(directory)
-    try:
-        return manager.latest_step()
-    finally:
-        manager.close()
+    return max(ocp.utils.checkpoint_steps(directory), default=None) if directory.is_dir() else None
 
 
 def load_latest_params(run_dir: str | Path, template: Params) -> tuple[Params, int] | None:
