@@ -8,7 +8,7 @@ import time
 import jax
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from saffu import accumulate_states, local_mesh, offset_cooccurrence, sparse_bit_cipher, unigram_counts
@@ -90,6 +90,8 @@ def test_damaged_checkpoint_is_one_line_for_eval_and_resume(tiny_workdir, tmp_pa
 @settings(max_examples=60, deadline=None)
 @given(text=st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\n\r"),
                     max_size=80))
+@example(text="<eod>")          # the special tokens' names in a text are that text
+@example(text="a<pad>b <eod>")
 def test_tokenizer_round_trip_on_random_text(tiny_workdir, text):
     tokenizer = tiny_workdir.tokenizer()
     ids = tokenizer.encode(text).ids

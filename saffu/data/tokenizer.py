@@ -25,6 +25,14 @@ PAD_ID, EOD_ID = 0, 1
 SPECIAL_TOKENS = (PAD_TOKEN, EOD_TOKEN)
 
 
+def _as_text(tokenizer: Tokenizer) -> Tokenizer:
+    """``tokenizer`` reading ``<pad>`` / ``<eod>`` written in a text as that text (bytes), never as
+    the special tokens: only the pipeline puts an end of document (the setting is not saved in
+    ``tokenizer.json``, so every tokenizer made or loaded here gets it)."""
+    tokenizer.encode_special_tokens = True
+    return tokenizer
+
+
 def train_bpe(documents: Iterable[str], vocab_size: int, min_frequency: int = 2,
               show_progress: bool = True) -> Tokenizer:
     """Train a byte-level BPE tokenizer of at most ``vocab_size`` tokens (specials included).
@@ -39,7 +47,7 @@ def train_bpe(documents: Iterable[str], vocab_size: int, min_frequency: int = 2,
         special_tokens=list(SPECIAL_TOKENS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tokenizer.train_from_iterator(documents, trainer=trainer)
-    return tokenizer
+    return _as_text(tokenizer)
 
 
 def encode_batches(tokenizer: Tokenizer, documents: Iterable[str],
@@ -77,7 +85,7 @@ def rerank_by_frequency(tokenizer: Tokenizer, documents: Iterable[str]) -> tuple
     spec["model"]["vocab"] = new_vocab
     for added in spec.get("added_tokens", []):
         added["id"] = new_vocab[added["content"]]
-    reranked = Tokenizer.from_str(json.dumps(spec))
+    reranked = _as_text(Tokenizer.from_str(json.dumps(spec)))
 
     new_counts = np.zeros(len(order), dtype=np.int64)
     for tok, new_id in new_vocab.items():
@@ -104,7 +112,7 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
         if tokenizer.token_to_id(tok) != want:
             raise SaffuError(f"tokenizer {path} was not made by saffu ({tok} is not id {want}); "
                              f"run `saffu prepare` again")
-    return tokenizer
+    return _as_text(tokenizer)
 
 
 def decode(tokenizer: Tokenizer, ids: Sequence[int]) -> str:
