@@ -16,7 +16,7 @@ For each model, in its own subprocess (so each peak RSS is that measurement's al
   pads in power-of-two buckets), for the speed-ups.
 
 The transformer is random-init (speed does not depend on the weights); the residual is that
-transformer (``f_θ``) over the exact run's tables, as ``experiments/warm_transformer.py`` builds
+transformer (``f_θ``) over the exact run's tables, as ``saffu train --residual`` builds
 it. Each figure is also a ratio to the model's own training tokens/s (the exact model's to the
 transformer's). The machine's load average is printed and recorded: timings on a shared machine
 are noisy, compare figures of one run.

@@ -1,24 +1,19 @@
 """Does the explicit start last? A budget sweep of the transformer and its compute multiplier.
 
-Starts (:mod:`warm_transformer`'s variants): ``cold``, ``explicit-init``, ``residual`` and
-``residual-crossfit``; budgets of 1, 2 and 4 epochs, each its own run with its own warm-up and
-cosine schedule over all its steps (not one long run cut at checkpoints); width 128 (5 layers)
-at every budget, width 256 at 1 and 2 epochs for cold, explicit init and the better residual
-(the cross-fitted one: better at one epoch of width 128, and its folds' exact models, which do
-not depend on the width, are already solved); a second
-seed at the longest budget of width 128 for cold and explicit init (:data:`GRID`); beyond it,
-``explicit-init-rms1`` (explicit init with the embeddings at RMS 1.0) at width 128 and a
-second seed of cold and explicit init at one epoch, the cross-fitted residual over 4 and 8 folds
-(``residual-crossfit-k4`` / ``-k8``; ``residual-crossfit`` has 2) at one epoch, and another architecture: penzai's Llama-like
-transformer of :mod:`any_model` (same width, depth, data and trainer), random init
-(``llama-random``) against explicit init (``llama-explicit``) at 1 and 2 epochs (:data:`EXTRA`, run
-with ``--runs``; an explicit start's multiplier is against the random init of its own
-architecture). Each run is
-scored on the whole dev split; its result (final dev bits per byte, last training loss, seconds
-with the solve, FLOPs) lands in ``OUT/runs/<name>/result.json``, so the sweep can be run a few
-runs at a time, one process per core, and resumed (a run resumes from its checkpoint on the
-same machine; a finished run is skipped, also one that ``results/budgets.json`` already holds
-from an earlier session, whose run folder stayed on its machine).
+Starts of the project's transformer (width 128 or 256, 5 blocks, the gpt block with an output
+bias), each a run spec of ``saffu train`` (:func:`spec_of`) that :mod:`saffu.runner` trains in
+its own folder: ``cold`` (random init), ``explicit-init`` (output bias, embeddings and output
+kernel from the explicit factors at the random init's scale), ``explicit-init-rms1`` (its
+embeddings at RMS 1.0), ``residual`` (a transformer over the frozen exact model, ``saffu exact``
+of the training split, made here unless ``--exact-run``) and ``residual-crossfit`` (the residual
+cross-fitted over 2 folds; ``-k4`` / ``-k8``: 4 and 8). Another architecture: penzai's
+Llama-like transformer of :mod:`any_model`, random (``llama-random``) against explicit init
+(``llama-explicit``); an explicit start's multiplier is against the random init of its own
+architecture. Budgets of 1, 2 and 4 epochs, each its own run with its own warm-up and cosine
+schedule; width 256 at 1 and 2 epochs; a second seed (:data:`GRID`; beyond it, :data:`EXTRA`).
+Each run is scored on the whole dev split; finished runs are skipped, interrupted ones resume,
+and ``results/budgets.json`` keeps the rows of earlier sessions, whose run folders stayed on
+their machine.
 
 Compute multiplier of an explicit run: the compute a cold start of the same width needs to reach
 its final dev loss, divided by the explicit run's compute *with its solve*. Cold's need is read off
@@ -30,16 +25,18 @@ plus its solve seconds at that run's own training FLOPs per second (what the tra
 done in the time the solve took).
 
     python experiments/budgets.py --workdir runs/babylm --out runs/budgets --plan
-    taskset -c 0 python experiments/budgets.py --workdir runs/babylm --out runs/budgets --next 1
+    python experiments/budgets.py --workdir runs/babylm --out runs/budgets --next 2 --jobs 2
     python experiments/budgets.py --workdir runs/babylm --out runs/budgets --runs cold:4:128:0
     python experiments/budgets.py --out runs/budgets --report      # results/budgets.json, the plot, the table
+    python experiments/budgets.py --workdir runs/quick --out runs/budgets-quick --quick \
+        --runs cold:1:16:0 residual-crossfit:1:16:0 --report --no-write          # a check: a minute
 
 A real vocabulary size: the same runs on a work directory of another vocabulary (``babylm50k``:
 ``saffu prepare ... --vocab-size 50000 --allow-smaller-vocab``, which the corpus caps at
 30,433) go to their own ``--out``; every row records its vocabulary, the multipliers compare
 runs of one width and one vocabulary, and ``--report --also`` gathers several ``--out``::
 
-    taskset -c 0 python experiments/budgets.py --workdir runs/babylm50k --out runs/budgets50k --runs cold:1:128:0
+    python experiments/budgets.py --workdir runs/babylm50k --out runs/budgets50k --runs cold:1:128:0
     python experiments/budgets.py --out runs/budgets --also runs/budgets50k --report
 """
 
@@ -48,28 +45,24 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
-import statistics
+import re
 from pathlib import Path
 
 import any_model
-import warm_transformer as wt
 
 from results import RESULTS, write_result
 from saffu._io import SaffuError
 from saffu.eval.race import LOWER_BOUND, MEASURED, UPPER_BOUND, bound_text, compute_with_solve, multiplier, steps_to_reach
 from saffu.flags import script_options
+from saffu.runner import sweep
 
 #: The vocabulary of the work directory every run made before rows recorded their own
 #: (babylm-2023-4src, BPE 8,192).
 FIRST_VOCAB = 8192
 
-#: The learning rate of each start: the probe of :mod:`warm_transformer` (25% of the training
-#: data, rates 0.003 / 0.01 / 0.03, one epoch, seed 0) chose 0.01 for cold and explicit init,
-#: 0.003 for both residuals (the cross-fitted one probed on its own, its losses in
-#: ``results/budgets.json``) and 0.03 for ``explicit-init-rms1`` (also recorded there):
-#:
-#:     python experiments/warm_transformer.py --workdir runs/babylm --out runs/budgets \
-#:         --variants residual-crossfit explicit-init-rms1 --seeds 0 --probe-lrs 0.003 0.01 0.03
+#: The learning rate of each start: an earlier probe (25% of the training data, rates 0.003 /
+#: 0.01 / 0.03, one epoch, seed 0; its losses are ``probes`` in ``results/budgets.json``) chose
+#: 0.01 for cold and explicit init, 0.003 for both residuals and 0.03 for ``explicit-init-rms1``.
 #: The Llama-like starts run at the rate :mod:`any_model` gives both of its inits (the project
 #: transformer's cold and explicit rate; not probed for that architecture).
 RATES = {"cold": 0.01, "explicit-init": 0.01, "residual": 0.003, "residual-crossfit": 0.003,
@@ -78,10 +71,10 @@ RATES = {"cold": 0.01, "explicit-init": 0.01, "residual": 0.003, "residual-cross
 STARTS = tuple(RATES)
 EXPLICIT = ("explicit-init", "residual", "residual-crossfit", "residual-crossfit-k4", "residual-crossfit-k8",
             "explicit-init-rms1", "llama-explicit")
-#: The cross-fitted residual's starts: ``{start: its folds K}`` (each :mod:`warm_transformer`'s
-#: ``residual-crossfit`` with ``--folds K``; the more folds, the more of the training split each
-#: fold's exact model counted, the nearer the tables it trains on are to the whole split's it is
-#: scored with). The K = 4 and 8 starts run at the rate the probe chose for K = 2.
+#: The cross-fitted residual's starts: ``{start: its folds K}`` (``saffu train --cross-fit K``;
+#: the more folds, the more of the training split each fold's exact model counted, the nearer the
+#: tables it trains on are to the whole split's it is scored with). The K = 4 and 8 starts run at
+#: the rate the probe chose for K = 2.
 CROSSFIT_FOLDS = {"residual-crossfit": 2, "residual-crossfit-k4": 4, "residual-crossfit-k8": 8}
 #: Starts of another architecture: ``{start: (any_model's model, its init)}``, width 128 only.
 MODEL_STARTS = {"llama-random": ("llama", "random"), "llama-explicit": ("llama", "explicit")}
@@ -126,23 +119,42 @@ EXTRA = ([("explicit-init-rms1", epochs, 128, 0) for epochs in (1, 2, 4)]
          + [(start, epochs, 128, 0) for epochs in (1, 2) for start in MODEL_STARTS])
 
 
-def start_of(result: dict) -> str | None:
-    """The sweep's start of a ``result.json`` (:mod:`warm_transformer`'s or :mod:`any_model`'s);
-    ``None`` for a run that is not one (a probe's share of the data, a fixed number of steps, an
-    init variant the sweep does not run)."""
-    if "model" in result:
-        start = f"{result['model']}-{result['variant']}"
-        return start if start in MODEL_STARTS and result.get("epochs") else None
-    start = result["variant"]
-    if start == "residual-crossfit":
-        start = next((name for name, k in CROSSFIT_FOLDS.items() if k == result.get("folds", 2)), None)
-    return start if start in STARTS and result.get("fraction", 1.0) == 1.0 else None
+#: ``--quick``: a one-block model on short windows, a small explicit holdout (a check on a tiny corpus).
+QUICK = {"model": {"layers": 1, "heads": 2, "context_tokens": 8}, "train": {"seq_len": 32, "batch_size": 4},
+         "options": {"holdout_tokens": 256}}
 
 
-def compute(run: dict) -> float:
-    """FLOPs of a run with its solve: training FLOPs + solve seconds × its training FLOPs/s."""
-    last = run["history"][-1]
-    return compute_with_solve(last["flops"], last["seconds"], run["solve_seconds"])
+def spec_of(start: str, epochs: int, width: int, seed: int, rate: float, workdir: Path, exact: Path,
+            quick: bool = False) -> dict:
+    """The run spec (:mod:`saffu.runner`) of a start of the project's transformer: ``epochs``
+    of ``workdir``'s training split at 16 × 256 targets a step, its dev loss on 128 dev windows
+    every 50 steps, scored on the whole dev split; a residual over the exact run ``exact``
+    (``quick``: :data:`QUICK`'s settings over these)."""
+    meta = json.loads((Path(workdir) / "meta.json").read_text())
+    targets = meta["splits"][meta.get("train_split", "train_10M")]["tokens"] - 1
+    start_section, options = {"init": "explicit" if start.startswith("explicit") else "random",
+                              "model": "transformer"}, {}
+    if start == "explicit-init-rms1":
+        start_section["explicit_embedding_rms"] = 1.0
+    if start.startswith("residual"):
+        start_section["residual"] = str(Path(exact).resolve())
+        options = {"residual_scale": "fixed", "cross_fit": CROSSFIT_FOLDS.get(start, 0)}
+    small = QUICK if quick else {}
+    train = {"seq_len": 256, "batch_size": 16, **small.get("train", {})}
+    return {"start": start_section, "options": {**options, **small.get("options", {})}, "eval": {"eval_tokens": 0},
+            "model": {"kind": "transformer", "block": "gpt", "output_bias": True, "width": width, "layers": 5,
+                      **small.get("model", {})},
+            "train": {**train, "steps": epochs * max(targets // (train["seq_len"] * train["batch_size"]), 1),
+                      "learning_rate": rate, "seed": seed, "eval_every": 50, "eval_windows": 128,
+                      "checkpoint_every": 200}}
+
+
+def folder_name(start: str, epochs: int, width: int, seed: int, rate: float) -> str:
+    """A run's folder under ``OUT/runs``: ``cold_e4_w128_s0_lr0.01``."""
+    return f"{start}_e{epochs}_w{width}_s{seed}_lr{rate:g}"
+
+
+NAME = re.compile(r"(?P<start>[a-z0-9-]+)_e(?P<epochs>\d+)_w(?P<width>\d+)_s(?P<seed>\d+)_lr(?P<rate>[0-9.e-]+)")
 
 
 #: The sweep's name of each multiplier kind of :mod:`saffu.eval.race` (its rows keep these words).
@@ -178,44 +190,6 @@ def share_of_steps_to_cold(row: dict, rows: list[dict]) -> float | None:
     return None if step is None else step / row["steps"]
 
 
-def estimate_minutes(run: tuple[str, int, int, int], rows: list[dict], vocab: int,
-                     speedup: tuple[float, str] | None = None) -> float | None:
-    """About how long an unfinished run ``(start, epochs, width, seed)`` takes on one core, from
-    the finished runs of the same architecture, width and vocabulary: their median training
-    seconds per step (every start's: a step costs about the same whatever the start, and the
-    median of more runs is less at the mercy of the load one of them ran under) times the run's
-    steps, plus the start's median solve seconds (0 where none of its runs finished: its solve
-    is unknown).
-    ``speedup`` ``(factor, since)``: a run of the project's transformer that finished before
-    ``since`` (an ISO date-time) trained at the speed before the training-speed work, so its
-    seconds per step are divided by ``factor`` (:func:`step_speedup`: the transformer step's
-    measured speed-up; a residual start's step, whose output layer is not fused, gained less).
-    ``None``: no finished run of that architecture, width and vocabulary."""
-    start, epochs, width, _ = run
-    same = [r for r in rows if r["width"] == width and r.get("vocab_size", FIRST_VOCAB) == vocab and r["steps"]
-            and architecture(r["start"]) == architecture(start)]
-    if not same:
-        return None
-    factor = lambda r: (speedup[0] if speedup and architecture(r["start"]) == "saffu"
-                        and r.get("finished", "") < speedup[1] else 1.0)
-    per_step = statistics.median(r["train_seconds"] / r["steps"] / factor(r) for r in same)
-    steps_per_epoch = statistics.median(r["steps"] / r["epochs"] for r in same)
-    solve = statistics.median([r["solve_seconds"] for r in same if r["start"] == start] or [0.0])
-    return (per_step * steps_per_epoch * epochs + solve) / 60
-
-
-def step_speedup() -> tuple[float, str] | None:
-    """``(speedup_vs_before, started)`` of ``results/bench_train.json``: how many times faster
-    the transformer's training step is than before the training-speed work, and since when
-    (``None`` without that results file)."""
-    path = RESULTS / "bench_train.json"
-    if not path.exists():
-        return None
-    record = json.loads(path.read_text())
-    factor = record["figures"].get("speedup_vs_before")
-    return (factor, record["started"]) if factor else None
-
-
 DERIVED = ("cold_compute_to_match", "multiplier", "multiplier_is", "multiplier_text", "share_of_steps_to_cold",
            "at_probed_rate")
 
@@ -234,18 +208,12 @@ def recorded_rows() -> list[dict]:
             for row in json.loads(path.read_text())["figures"]["rows"]]
 
 
-def probe_choices(*outs: Path) -> dict:
-    """The learning-rate probes run into these ``--out`` folders (``probe/choice.json`` of
-    :func:`warm_transformer.probe`: per start ``{"losses": {rate: last periodic dev loss},
-    "learning_rate": the best, "fraction": the share of train}``), over those that
-    ``results/budgets.json`` already records from earlier sessions."""
+def probe_choices() -> dict:
+    """The learning-rate probes of earlier sessions that ``results/budgets.json`` records (per
+    start ``{"losses": {rate: last periodic dev loss}, "learning_rate": the best, "fraction":
+    the share of train}``)."""
     path = RESULTS / "budgets.json"
-    probes = dict(json.loads(path.read_text())["figures"].get("probes", {})) if path.exists() else {}
-    for out in outs:
-        record = out / "probe" / "choice.json"
-        if record.exists():
-            probes.update(json.loads(record.read_text()))
-    return probes
+    return dict(json.loads(path.read_text())["figures"].get("probes", {})) if path.exists() else {}
 
 
 def cold_curve(rows: list[dict], width: int, vocab_size: int = FIRST_VOCAB,
@@ -261,6 +229,32 @@ def cold_curve(rows: list[dict], width: int, vocab_size: int = FIRST_VOCAB,
     return curve
 
 
+def _vocab(config: dict) -> int:
+    """The vocabulary size a run's ``config.json`` holds (a residual's in its base model)."""
+    found = [v for k, v in config.items() if k == "vocab_size"] + [_vocab(v) for v in config.values()
+                                                                   if isinstance(v, dict)]
+    return next((v for v in found if v), 0)
+
+
+def _found(folder: Path) -> tuple[str, int, int, dict, str] | None:
+    """``(start, epochs, width, result, workdir)`` of a finished run folder of the sweep: a run of
+    :func:`spec_of` (its figures with its settings, vocabulary and metrics) or one of
+    :mod:`any_model`'s Llama-like starts; ``None`` for any other folder."""
+    r = json.loads((folder / "result.json").read_text())
+    match = NAME.fullmatch(folder.name)
+    if (folder / "spec.json").exists() and match and match["start"] in STARTS:
+        config = json.loads((folder / "config.json").read_text())
+        history = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        r.update(seed=int(match["seed"]), learning_rate=float(match["rate"]), history=history,
+                 trained_params=r.get("trained_params", r["params"]), solve_seconds=r.get("solve_seconds", 0.0),
+                 vocab_size=_vocab(config))
+        return match["start"], int(match["epochs"]), int(match["width"]), r, config["workdir"]
+    start = f"{r.get('model')}-{r.get('variant')}"
+    if start in MODEL_STARTS and r.get("epochs"):
+        return start, r["epochs"], r.get("width", 128), r, r.get("workdir", "runs/babylm")
+    return None
+
+
 def gathered_rows(*outs: Path) -> list[dict]:
     """One row per finished run of the sweep: this machine's under each ``out/runs``, then the
     rows of ``results/budgets.json`` from earlier sessions that none of them holds; without
@@ -268,24 +262,24 @@ def gathered_rows(*outs: Path) -> list[dict]:
     rows = []
     for folder in outs:
         for path in sorted((folder / "runs").glob("*/result.json")):
-            r = json.loads(path.read_text())
-            start = start_of(r)
-            if start is None:
+            found = _found(path.parent)
+            if found is None:
                 continue
+            start, epochs, width, r, workdir = found
             last = r["history"][-1]
             finished = datetime.datetime.fromtimestamp(path.stat().st_mtime, datetime.UTC)
-            epochs, width = r.get("epochs", 1), r.get("width", 128)
             rows.append({"start": start, "epochs": epochs, "width": width,
                          "seed": r["seed"], "learning_rate": r["learning_rate"], "dev_bpb": r["dev_bpb"],
                          "dev_loss": r["dev_loss"], "train_loss": last["train_loss"],
                          "last_dev_window_loss": last["dev_loss"], "train_seconds": last["seconds"],
-                         "solve_seconds": r["solve_seconds"], "flops": last["flops"], "compute": compute(r),
+                         "solve_seconds": r["solve_seconds"], "flops": last["flops"],
+                         "compute": compute_with_solve(last["flops"], last["seconds"], r["solve_seconds"]),
                          "steps": last["step"], "trained_params": r["trained_params"],
                          "finished": finished.isoformat(timespec="seconds"),
                          "vocab_size": r.get("vocab_size", FIRST_VOCAB),
                          "curve": [(h["step"], h["dev_loss"]) for h in r["history"] if h.get("dev_loss") is not None],
-                         "reproduce": f"python experiments/budgets.py --workdir {r.get('workdir', 'runs/babylm')} "
-                                      f"--out {folder} --runs {start}:{epochs}:{width}:{r['seed']}"
+                         "reproduce": f"python experiments/budgets.py --workdir {workdir} --out {folder} "
+                                      f"--runs {start}:{epochs}:{width}:{r['seed']}"
                                       + ("" if r["learning_rate"] == RATES[start] else f":{r['learning_rate']:g}")})
     here = {key(row) for row in rows}
     return rows + [row for row in recorded_rows() if key(row) not in here]
@@ -325,7 +319,7 @@ def report(out: Path, write: bool = True, also: tuple[Path, ...] = ()) -> dict:
                      f"({row['solve_seconds']:,.0f}) | {row['compute']:.3e} | {multiplier} | {_share(row)} |")
     table = "\n".join(lines)
     print(table)
-    probes = probe_choices(out, *also)
+    probes = probe_choices()
     if write:
         figure = _plot(rows, RESULTS.parent / "docs" / "results" / "budgets.png")
         write_result("budgets", {"rows": rows, "table": table, "plot": figure, "probes": probes},
@@ -395,7 +389,10 @@ class Options:
       plan: list the sweep's runs and which are finished
       next: run the next N unfinished runs of the sweep
       runs: run these (e.g. cold:4:128:0), each at its start's rate (RATES) unless LR is given
-      exact_run: an existing `saffu exact` run of the whole training split
+      exact_run: the residual starts' `saffu exact` run of the whole training split (default: OUT/exact/1, made
+        there unless it exists)
+      jobs: runs at once, one per core
+      quick: a one-block model on short windows (a check on a tiny corpus; its runs go to their own --out)
       report: gather the finished runs (results/budgets.json)
       also: with --report: further --out folders (e.g. the runs of another vocabulary)
       write: with --report: write results/budgets.json and the plot (--no-write: print only)
@@ -408,6 +405,8 @@ class Options:
     runs: tuple[str, ...] = dataclasses.field(default=(), metadata={"nargs": "+",
                                                                      "metavar": "START:EPOCHS:WIDTH:SEED[:LR]"})
     exact_run: Path | None = None
+    jobs: int = 1
+    quick: bool = False
     report: bool = False
     also: tuple[Path, ...] = dataclasses.field(default=(), metadata={"nargs": "+"})
     write: bool = True
@@ -439,6 +438,23 @@ def check(options: Options) -> None:
         raise SaffuError("--workdir is required to train")
 
 
+def train(todo: list[tuple[str, int, int, int, float]], args) -> None:
+    """Train the runs ``todo``: the project's transformer through :func:`saffu.runner.sweep`
+    (``--jobs`` at a time), the Llama-like starts through :mod:`any_model`."""
+    from saffu.runner import exact_run
+    ours = [run for run in todo if run[0] not in MODEL_STARTS]
+    exact = args.exact_run or args.out / "exact" / "1"
+    if any(run[0].startswith("residual") for run in ours):
+        exact_run(args.workdir, exact)
+    specs = {folder_name(*run): spec_of(*run, args.workdir, exact, args.quick) for run in ours}
+    sweep(specs, args.out / "runs", args.workdir, jobs=args.jobs)
+    for start, epochs, _, seed, rate in todo:
+        if start in MODEL_STARTS:
+            model, init = MODEL_STARTS[start]
+            any_model.main(["--workdir", str(args.workdir), "--out", str(args.out), "--models", model, "--inits", init,
+                            "--epochs", str(epochs), "--seed", str(seed), "--learning-rate", str(rate), "--quiet"])
+
+
 def main(argv=None):
     args = script_options(Options, argv, __doc__.splitlines()[0], check=check)
     todo = [run_of(spec) for spec in args.runs]
@@ -448,37 +464,22 @@ def main(argv=None):
         vocab = open_workdir(args.workdir).vocab_size
     recorded = {key(row): row for row in gathered_rows(args.out)}      # this machine's runs and earlier sessions'
     finished = lambda run: recorded.get((*run, RATES[run[0]], vocab))
-    pending = [run for run in GRID if finished(run) is None]
     if args.plan:
-        speedup = step_speedup()
-        if speedup:
-            print(f"estimates: the steps of runs of the project's transformer finished before {speedup[1]} "
-                  f"divided by {speedup[0]:.2f} (results/bench_train.json)")
         for heading, runs in (("", GRID), ("beyond the issue's sweep (--runs):\n", EXTRA)):
             print(heading, end="")
             for run in runs:
                 done = finished(run)
-                if done:
-                    state = f"dev {done['dev_bpb']:.4f} bits/byte"
-                else:
-                    minutes = estimate_minutes(run, list(recorded.values()), vocab, speedup)
-                    state = "to run" + ("" if minutes is None else f", about {minutes:.0f} min on one core")
-                print(f"{run[0]:>18}  {run[1]} epochs  width {run[2]}  seed {run[3]}  lr {RATES[run[0]]:g}: {state}")
-    todo += [(*run, RATES[run[0]]) for run in pending[:args.next]]
-    for start, epochs, width, seed, rate in todo:
-        if start in MODEL_STARTS:
-            model, init = MODEL_STARTS[start]
-            any_model.main(["--workdir", str(args.workdir), "--out", str(args.out), "--models", model, "--inits", init,
-                            "--epochs", str(epochs), "--seed", str(seed), "--learning-rate", str(rate), "--quiet"])
-            continue
-        variant = "residual-crossfit" if start in CROSSFIT_FOLDS else start
-        argv = ["--workdir", str(args.workdir), "--out", str(args.out), "--variants", variant, "--seeds", str(seed),
-                "--epochs", str(epochs), "--width", str(width), "--learning-rate", str(rate),
-                "--folds", str(CROSSFIT_FOLDS.get(start, 2))]
-        wt.main(argv + (["--exact-run", str(args.exact_run)] if args.exact_run else []))
+                print(f"{run[0]:>18}  {run[1]} epochs  width {run[2]}  seed {run[3]}  lr {RATES[run[0]]:g}: "
+                      + (f"dev {done['dev_bpb']:.4f} bits/byte" if done else "to run"))
+    todo += [(*run, RATES[run[0]]) for run in GRID if finished(run) is None][:args.next]
+    if todo:
+        train(todo, args)
     if args.report:
         report(args.out, write=args.write, also=args.also)
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except SaffuError as err:
+        raise SystemExit(f"budgets.py: error: {err}") from None

@@ -2,8 +2,8 @@
 reference, against the same small model trained from scratch and from explicit init, at equal
 training tokens; then grown one block at a time until it matches the reference.
 
-The reference is any trained transformer run (``saffu train --model transformer``, or a run of
-``experiments/warm_transformer.py``: its ``runs/<name>/train`` folder). Variants, each the
+The reference is any trained transformer run (``saffu train --model transformer``, e.g. a run of
+``experiments/budgets.py``: its ``runs/<name>`` folder). Variants, each the
 reference's architecture with ``--layers`` blocks (default: half the reference's), one epoch
 each, the same learning rate, batches and seed:
 
@@ -19,7 +19,7 @@ is at or below the reference's or it has the reference's depth. Every stage is s
 whole dev split and its attention profiled (:mod:`saffu.eval.attention`). Finished stages are
 skipped on a rerun, so several processes can share ``--out`` (say one variant per core).
 
-    python experiments/inheritune.py --workdir runs/babylm --reference runs/warm_transformer/runs/cold_s0_f1/train \\
+    python experiments/inheritune.py --workdir runs/babylm --reference runs/budgets/runs/cold_e1_w128_s0_lr0.01 \\
         --out runs/inheritune --variants inherit scratch --grow
     python experiments/inheritune.py --workdir runs/babylm --reference R --out runs/inheritune --report
 """
@@ -97,14 +97,11 @@ def _load(run: Path, config):
 
 def reference_of(args, source):
     """The reference's config, params and full-dev scores (computed once, kept in ``--out``)."""
-    from saffu.configs import TransformerConfig
     from saffu.eval.scoring import evaluate_split
     from saffu.training.checkpoints import load_run_config
-    if (args.reference / "config.json").exists():
-        config = load_run_config(args.reference)
-    else:                                                    # a warm_transformer.py run: its default model
-        config = TransformerConfig(source.vocab_size, width=args.width, layers=args.reference_layers,
-                                   block="gpt", output_bias=True)
+    if not (args.reference / "config.json").exists():
+        raise SystemExit(f"{args.reference} holds no config.json: the reference must be a saffu train run")
+    config = load_run_config(args.reference)
     if config.kind != "transformer":
         raise SystemExit(f"{args.reference} holds a {config.kind}; the reference must be a transformer")
     params = _load(args.reference, config)
@@ -181,9 +178,7 @@ class Options:
 
     Attributes:
       workdir: a prepared work directory
-      reference: a trained transformer run (a folder with checkpoints/, and config.json for CLI runs)
-      reference_layers: blocks of a reference without config.json (warm_transformer.py's default model)
-      width: width of a reference without config.json
+      reference: a trained transformer run (a saffu train run folder)
       out: stages and the report go here
       variants: the small models to train
       layers: blocks of the small model (default: half the reference's)
@@ -197,8 +192,6 @@ class Options:
 
     workdir: Path = dataclasses.field(metadata={"required": True})
     reference: Path = dataclasses.field(metadata={"required": True})
-    reference_layers: int = 5
-    width: int = 128
     out: Path = Path("runs/inheritune")
     variants: tuple[str, ...] = dataclasses.field(default=VARIANTS, metadata={"nargs": "+", "choices": VARIANTS})
     layers: int | None = None

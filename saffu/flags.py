@@ -199,8 +199,8 @@ TRANSFORMER = ("width", "layers", "heads", "mlp_ratio", "context_tokens", "max_l
                "guide_share", "output_bias", "block")
 TRANSFORMER_RENAME = {"heads": "--attention-heads", "context_tokens": "--context", "guide_share": "--self-guided"}
 TRAIN = ("steps", "batch_size", "seq_len", "learning_rate", "warmup_steps", "weight_decay", "adam_eps", "eval_every",
-         "checkpoint_every", "seed", "freeze", "thaw_step", "on_nonfinite", "log_every", "compute_dtype", "dropout",
-         "words_unit", "tensorboard")
+         "eval_windows", "checkpoint_every", "seed", "freeze", "thaw_step", "on_nonfinite", "log_every", "compute_dtype",
+         "dropout", "words_unit", "tensorboard")
 FACTOR = ("mu", "column_power", "oversample", "power_iterations", "seed", "refine_steps", "refine_offsets",
           "refine_learning_rate", "buckets", "holdout_tokens", "chunk_size")
 EXACT = ("groups", "mu", "buckets", "bucket_by", "smoothing", "nested", "holdout_tokens", "chunk_size")

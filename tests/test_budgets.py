@@ -29,16 +29,23 @@ def budgets(project: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def result(project: Path, folder: str, **fields) -> None:
-    """A finished run of warm_transformer.py (or any_model.py) under ``runs/budgets/runs``."""
+    """A finished run under ``runs/budgets/runs``: a run of the runner (``spec.json``, the
+    figures of ``saffu train``, its metrics and config) named ``START_eE_wW_sS_lrR``, or one of
+    any_model.py's (``model`` among ``fields``; its own result.json, with its history)."""
     run = project / "runs" / "budgets" / "runs" / folder
     run.mkdir(parents=True)
     epochs = fields.get("epochs") or 1
-    fields = {"seed": 0, "learning_rate": 0.01, "trained_params": 10, "solve_seconds": 0.0, "vocab_size": 8192,
-              "width": 128, "dev_loss": 4.0, **fields}
-    fields.setdefault("history", [{"step": 0, "flops": 0.0, "seconds": 0.0, "train_loss": 9.0, "dev_loss": 9.0},
-                                  {"step": 100 * epochs, "flops": 1e12 * epochs, "seconds": 100.0 * epochs,
-                                   "train_loss": 4.0, "dev_loss": 2.2 * fields["dev_bpb"]}])
-    (run / "result.json").write_text(json.dumps(fields))
+    history = [{"step": 0, "flops": 0.0, "seconds": 0.0, "train_loss": 9.0, "dev_loss": 9.0},
+               {"step": 100 * epochs, "flops": 1e12 * epochs, "seconds": 100.0 * epochs, "train_loss": 4.0,
+                "dev_loss": 2.2 * fields["dev_bpb"]}]
+    figures = {"params": 10, "solve_seconds": 0.0, "dev_loss": 4.0, "flops": history[-1]["flops"], **fields}
+    if "model" in fields:
+        figures = {"seed": 0, "vocab_size": 8192, "width": 128, "trained_params": 10, "history": history, **figures}
+    else:
+        (run / "spec.json").write_text("{}")
+        (run / "config.json").write_text(json.dumps({"model": {"vocab_size": 8192}, "workdir": "runs/babylm"}))
+        (run / "metrics.jsonl").write_text("".join(json.dumps(h) + "\n" for h in history))
+    (run / "result.json").write_text(json.dumps(figures))
 
 
 def report(project: Path) -> list[dict]:
@@ -53,8 +60,8 @@ def test_a_bad_run_spec_is_one_usage_error(project, spec):
     assert done.returncode == 2 and spec in done.stderr and "Traceback" not in done.stderr
 
 
-def test_the_plan_lists_the_sweep_and_times_its_runs_from_those_finished(project):
-    result(project, "cold_s0_f1", variant="cold", epochs=1, dev_bpb=1.5)          # 100 steps in 100 s
+def test_the_plan_lists_the_sweep_and_which_runs_are_finished(project):
+    result(project, "cold_e1_w128_s0_lr0.01", dev_bpb=1.5)
     done = budgets(project, "--out", "runs/budgets", "--plan")
     assert done.returncode == 0, done.stderr
     plan, extra = done.stdout.split("beyond the issue's sweep")
@@ -64,25 +71,36 @@ def test_the_plan_lists_the_sweep_and_times_its_runs_from_those_finished(project
     assert sorted(r[0] for r in runs if r[4] == "256") == sorted(["cold", "explicit-init", "residual-crossfit"] * 2)
     assert sorted(r[0] for r in runs if r[6] == "1") == ["cold", "explicit-init"]
     assert "cold  1 epochs  width 128  seed 0  lr 0.01: dev 1.5000 bits/byte" in plan
-    # 1 s a step (the median of the runs of the same architecture, width and vocabulary) × 400 steps
-    assert "explicit-init  4 epochs  width 128  seed 0  lr 0.01: to run, about 7 min on one core" in plan
-    assert "llama-explicit  1 epochs  width 128  seed 0  lr 0.01: to run\n" in extra    # no run of its architecture
+    assert "explicit-init  4 epochs  width 128  seed 0  lr 0.01: to run" in plan
+    assert "llama-explicit  1 epochs  width 128  seed 0  lr 0.01: to run\n" in extra
 
 
-def test_the_plans_estimate_divides_the_steps_measured_before_the_speed_work_by_its_speedup(project):
-    result(project, "cold_s0_f1", variant="cold", epochs=1, dev_bpb=1.5)
-    (project / "results" / "bench_train.json").write_text(json.dumps(
-        {"started": "2999-01-01T00:00:00+00:00", "figures": {"speedup_vs_before": 2.0}}))
-    plan = budgets(project, "--out", "runs/budgets", "--plan").stdout
-    assert "divided by 2.00" in plan
-    assert "explicit-init  4 epochs  width 128  seed 0  lr 0.01: to run, about 3 min on one core" in plan
+@pytest.mark.slow   # three small trainings and an exact solve through the runner: about a minute
+def test_the_sweeps_runs_train_through_the_runner_and_report(project, tiny_workdir):
+    # width 16 and --quick's one block on short windows: the sweep's specs on the tiny corpus
+    exact = [sys.executable, "-m", "saffu", "exact", "--workdir", str(tiny_workdir.path), "--run", "runs/exact",
+             "--groups", "0 0,1", "--buckets", "--holdout-tokens", "64", "--quiet"]
+    assert subprocess.run(exact, cwd=project, capture_output=True).returncode == 0
+    done = budgets(project, "--workdir", str(tiny_workdir.path), "--out", "runs/budgets", "--runs", "cold:1:16:0",
+                   "explicit-init:1:16:0", "residual-crossfit:1:16:0", "--exact-run", "runs/exact", "--quick",
+                   "--report", "--no-write")
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = project / "runs" / "budgets" / "runs"
+    assert sorted(p.name for p in runs.iterdir()) == ["cold_e1_w16_s0_lr0.01", "explicit-init_e1_w16_s0_lr0.01",
+                                                       "residual-crossfit_e1_w16_s0_lr0.003"]
+    spec = json.loads((runs / "residual-crossfit_e1_w16_s0_lr0.003" / "spec.json").read_text())
+    assert spec["options"] == {"residual_scale": "fixed", "cross_fit": 2, "holdout_tokens": 256}
+    assert (spec["model"]["width"], spec["model"]["layers"], spec["train"]["seq_len"]) == (16, 1, 32)
+    assert spec["start"]["residual"] == str(project / "runs" / "exact")
+    table = [line for line in done.stdout.splitlines() if line.startswith("| 280 | 16 | 1 |")]
+    assert [line.split("|")[4].strip() for line in table] == ["cold", "explicit-init", "residual-crossfit"]
 
 
 def test_an_explicit_start_is_measured_against_its_cold_curve_with_seeds_averaged(project):
-    result(project, "cold_s0_f1", variant="cold", epochs=1, dev_bpb=2.0)
-    result(project, "cold_s0_f1_e4", variant="cold", epochs=4, dev_bpb=1.8)
-    result(project, "cold_s1_f1_e4", variant="cold", epochs=4, seed=1, dev_bpb=1.7)
-    result(project, "explicit-init_s0_f1", variant="explicit-init", epochs=1, dev_bpb=1.8)
+    result(project, "cold_e1_w128_s0_lr0.01", dev_bpb=2.0)
+    result(project, "cold_e4_w128_s0_lr0.01", epochs=4, dev_bpb=1.8)
+    result(project, "cold_e4_w128_s1_lr0.01", epochs=4, dev_bpb=1.7)
+    result(project, "explicit-init_e1_w128_s0_lr0.01", dev_bpb=1.8)
     rows = report(project)
     explicit = next(r for r in rows if r["start"] == "explicit-init")
     # cold's 4-epoch point is the mean of its two seeds (4e12, 1.75): 1.8 lies 0.2 / 0.25 of the way
@@ -95,8 +113,8 @@ def test_an_explicit_start_is_measured_against_its_cold_curve_with_seeds_average
 
 def test_another_architectures_explicit_start_is_measured_against_its_own_random_init(project):
     # the project's transformer: a cold start far better than the Llama-like one's random init
-    result(project, "cold_s0_f1", variant="cold", epochs=1, dev_bpb=1.5)
-    result(project, "cold_s0_f1_e2", variant="cold", epochs=2, dev_bpb=1.45)
+    result(project, "cold_e1_w128_s0_lr0.01", dev_bpb=1.5)
+    result(project, "cold_e2_w128_s0_lr0.01", epochs=2, dev_bpb=1.45)
     llama = {"model": "llama", "learning_rate": 0.01}
     result(project, "llama_random_s0_e1", **llama, init="random", variant="random", epochs=1, dev_bpb=2.0)
     result(project, "llama_random_s0_e2", **llama, init="random", variant="random", epochs=2, dev_bpb=1.8)
@@ -119,11 +137,10 @@ def test_another_architectures_explicit_start_is_measured_against_its_own_random
 
 
 def test_a_cross_fitted_residual_is_its_own_start_per_number_of_folds(project):
-    result(project, "cold_s0_f1", variant="cold", epochs=1, dev_bpb=1.9)
-    result(project, "residual_s0_f1_lr0.003", variant="residual", learning_rate=0.003, epochs=1, dev_bpb=1.79)
-    for folds, bpb in ((2, 1.788), (4, 1.785), (3, 1.5)):     # K = 3 is no start of the sweep: left out
-        name = "residual-crossfit_s0_f1_lr0.003" + ("" if folds == 2 else f"_k{folds}")
-        result(project, name, variant="residual-crossfit", learning_rate=0.003, folds=folds, epochs=1, dev_bpb=bpb)
+    result(project, "cold_e1_w128_s0_lr0.01", dev_bpb=1.9)
+    result(project, "residual_e1_w128_s0_lr0.003", dev_bpb=1.79)
+    for start, bpb in (("residual-crossfit", 1.788), ("residual-crossfit-k4", 1.785), ("residual-crossfit-k3", 1.5)):
+        result(project, f"{start}_e1_w128_s0_lr0.003", dev_bpb=bpb)     # K = 3 is no start of the sweep: left out
     rows = report(project)
     assert [(r["start"], r["folds"], r["dev_bpb"]) for r in rows] == [
         ("cold", 0, 1.9), ("residual", 0, 1.79), ("residual-crossfit", 2, 1.788), ("residual-crossfit-k4", 4, 1.785)]
