@@ -21,7 +21,8 @@ skipped on a rerun, so several processes can share ``--out`` (say one variant pe
 
     python experiments/inheritune.py --workdir runs/babylm --reference runs/budgets/runs/cold_e1_w128_s0_lr0.01 \\
         --out runs/inheritune --variants inherit scratch --grow
-    python experiments/inheritune.py --workdir runs/babylm --reference R --out runs/inheritune --report
+    python experiments/inheritune.py --workdir runs/babylm --reference R --out runs/inheritune --report \\
+        --write-result                                  # results/inheritune.json, docs/results/inheritune.png
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from results import RESULTS, write_result
 from saffu.flags import script_options
 from saffu.models.interface import model_init
 
@@ -130,7 +132,8 @@ def run_variant(args, source, variant: str) -> None:
 
 
 def report(args) -> None:
-    """``report.md``, ``report.json`` and ``curves.png`` of every finished stage."""
+    """``report.md``, ``report.json`` and ``curves.png`` of every finished stage (with
+    ``--write-result``: ``results/inheritune.json`` and ``docs/results/inheritune.png``)."""
     reference = json.loads((args.out / "reference.json").read_text())
     results = [json.loads(p.read_text()) for p in sorted((args.out / "runs").glob("*/result.json"))]
     lines = ["| model | blocks | params | training tokens (cumulative) | dev loss | dev bits/byte | "
@@ -143,9 +146,9 @@ def report(args) -> None:
                      f"{r['dev_loss']:.4f} | {r['dev_bpb']:.4f} | {' '.join(map(str, r['attention']['max_rank']))} | "
                      f"{r['attention']['lazy_layers'] or 'none'} |")
     table = "\n".join(lines)
+    stages = [{k: v for k, v in r.items() if k != "history"} for r in results]
     (args.out / "report.md").write_text(table + "\n")
-    (args.out / "report.json").write_text(json.dumps({"reference": reference, "stages": [
-        {k: v for k, v in r.items() if k != "history"} for r in results]}, indent=1))
+    (args.out / "report.json").write_text(json.dumps({"reference": reference, "stages": stages}, indent=1))
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -167,9 +170,15 @@ def report(args) -> None:
     axis.grid(alpha=0.3)
     axis.legend(fontsize=8)
     figure.tight_layout()
-    figure.savefig(args.out / "curves.png", dpi=110)
+    plot = RESULTS.parent / "docs" / "results" / "inheritune.png" if args.write_result else args.out / "curves.png"
+    figure.savefig(plot, dpi=110)
     plt.close(figure)
     print(table)
+    if args.write_result:
+        write_result("inheritune", {"reference": reference, "stages": stages, "table": table,
+                                    "learning_rate": args.learning_rate, "plot": str(plot.relative_to(RESULTS.parent))},
+                     seeds=[args.seed], load={"note": "one stage at a time on one core (taskset), other runs on the "
+                                                      "other core; each stage's seconds are in its row"})
 
 
 @dataclasses.dataclass
@@ -188,6 +197,7 @@ class Options:
       eval_every: steps between dev evaluations
       inspect_windows: dev windows of the attention profile
       report: only gather the finished stages
+      write_result: write results/inheritune.json and its plot (docs/results/inheritune.png)
     """
 
     workdir: Path = dataclasses.field(metadata={"required": True})
@@ -201,6 +211,7 @@ class Options:
     eval_every: int = 50
     inspect_windows: int = 64
     report: bool = False
+    write_result: bool = False
 
 
 def main(argv=None):

@@ -98,10 +98,6 @@ def _probes(probes: dict) -> str:
             "its last periodic dev loss):\n\n" + "\n".join(lines) + "\n")
 
 
-def any_model(record: dict) -> str:
-    return _page("any_model", record)
-
-
 def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
 
@@ -217,7 +213,7 @@ def tuning(record: dict) -> str:
                  rescored=[r for r in runs if r.get("rescored")])
 
 
-RENDERERS = {"harness_blimp": harness_blimp, "hf_explicit_init": hf_explicit_init, "tuning": tuning, "bench_train": bench_train, "bench_bf16": bench_bf16, "bench_scoring": bench_scoring, "bench_stats": bench_stats, "soak": soak, "budgets": budgets, "any_model": any_model, "setup": setup}
+RENDERERS = {"harness_blimp": harness_blimp, "hf_explicit_init": hf_explicit_init, "tuning": tuning, "bench_train": bench_train, "bench_bf16": bench_bf16, "bench_scoring": bench_scoring, "bench_stats": bench_stats, "soak": soak, "budgets": budgets, "setup": setup}
 
 
 def _load(name: str) -> dict | None:
@@ -356,12 +352,13 @@ def reading(name: str) -> str:
 
 
 def pages() -> dict[Path, str]:
-    """Every page, rendered from the results files present, with its reading (:func:`reading`)."""
+    """Every page of a results file present and its template, with its reading (:func:`reading`):
+    its renderer of :data:`RENDERERS`, or the template with the figures alone."""
     out = {}
-    for name, render in RENDERERS.items():
-        path = RESULTS / f"{name}.json"
-        if path.exists():
-            out[PAGES / f"{name}.md"] = render(json.loads(path.read_text())) + reading(name)
+    for path in sorted(RESULTS.glob("*.json")):
+        render = RENDERERS.get(path.stem, lambda record, name=path.stem: _page(name, record))
+        if (TEMPLATES / f"{path.stem}.md").exists():
+            out[PAGES / f"{path.stem}.md"] = render(json.loads(path.read_text())) + reading(path.stem)
     return out
 
 
