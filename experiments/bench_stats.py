@@ -295,7 +295,8 @@ def check(metrics: dict) -> list[str]:
     slowdown = stored["speedup_vs_numpy"] / metrics["speedup_vs_numpy"]
     print(f"stored ({json.loads(RESULT.read_text())['date']}): engine {stored['engine_seconds']:.3f} s, "
           f"{stored['speedup_vs_numpy']:.1f}x numpy; now {metrics['engine_seconds']:.3f} s, "
-          f"{metrics['speedup_vs_numpy']:.1f}x: {slowdown:.2f}x slower relative to numpy")
+          f"{metrics['speedup_vs_numpy']:.1f}x: " + (f"{slowdown:.2f}x slower" if slowdown > 1 else
+                                                    f"{1 / slowdown:.2f}x faster") + " relative to numpy")
     if slowdown > ARGS.max_slowdown:
         failures.append(f"speed-up over numpy {slowdown:.2f}x below the stored one (limit {ARGS.max_slowdown:g}x)")
     return failures

@@ -136,10 +136,10 @@ def train(args, path: Path, torch, transformers, windows, n_bytes) -> list[dict]
         if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
             elapsed += time.perf_counter() - tick
             seconds = elapsed
-            history.append({"step": step + 1, "train_loss": float(loss), "seconds": seconds,
+            history.append({"step": step + 1, "train_loss": loss.item(), "seconds": seconds,
                             "dev_bpb": bits_per_byte(model, windows, n_bytes, torch)})
             print(f"{path.name}: step {step + 1} dev {history[-1]['dev_bpb']:.4f} bits/byte "
-                  f"(train loss {float(loss):.3f}, {seconds:.0f} s)", flush=True)
+                  f"(train loss {loss.item():.3f}, {seconds:.0f} s)", flush=True)
             tick = time.perf_counter()
     return history
 
