@@ -284,7 +284,10 @@ def table(figures: dict) -> str:
 
 
 def short_table(results: list[dict]) -> str:
-    """Every 30-step run: each variant's dev loss at steps 0, 10, 20 and 30 and at the end."""
+    """Every 30-step run: each variant's dev loss at steps 0, 10, 20 and 30 and at the end (a line
+    saying how to make them where there are none)."""
+    if not results:
+        return "(no 30-step runs yet: `python experiments/any_model.py --workdir W --steps 30` makes them)"
     rows = ["| model | init | dev loss at step 0 / 10 / 20 / 30 (periodic windows) | dev loss (nats, end) | dev tokens |",
             "|---|---|---|---:|---:|"]
     for r in sorted(results, key=lambda r: (MODELS.index(r["model"]), r["variant"])):
