@@ -229,13 +229,6 @@ def cold_curve(rows: list[dict], width: int, vocab_size: int = FIRST_VOCAB,
     return curve
 
 
-def _vocab(config: dict) -> int:
-    """The vocabulary size a run's ``config.json`` holds (a residual's in its base model)."""
-    found = [v for k, v in config.items() if k == "vocab_size"] + [_vocab(v) for v in config.values()
-                                                                   if isinstance(v, dict)]
-    return next((v for v in found if v), 0)
-
-
 def _found(folder: Path) -> tuple[str, int, int, dict, str] | None:
     """``(start, epochs, width, result, workdir)`` of a finished run folder of the sweep: a run of
     :func:`spec_of` (its figures with its settings, vocabulary and metrics) or one of
@@ -247,7 +240,7 @@ def _found(folder: Path) -> tuple[str, int, int, dict, str] | None:
         history = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
         r.update(seed=int(match["seed"]), learning_rate=float(match["rate"]), history=history,
                  trained_params=r.get("trained_params", r["params"]), solve_seconds=r.get("solve_seconds", 0.0),
-                 vocab_size=_vocab(config))
+                 vocab_size=config["model"].get("vocab_size") or config["model"]["base"]["vocab_size"])  # residual: its base
         return match["start"], int(match["epochs"]), int(match["width"]), r, config["workdir"]
     start = f"{r.get('model')}-{r.get('variant')}"
     if start in MODEL_STARTS and r.get("epochs"):

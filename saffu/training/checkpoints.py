@@ -366,15 +366,13 @@ def _restore_at(run_dir: Path, template: Params, step: int, milestones: list[dic
                      f"{', '.join(map(str, kept)) or 'none'})")
 
 
-def _training_steps(run_dir: Path) -> list[int]:
-    directory = run_dir / "checkpoints"
-    if not directory.is_dir():
-        return []
-    manager = checkpoint_manager(directory)
-    try:
-        return list(manager.all_steps())
-    finally:
-        manager.close()
+def _training_steps(run_dir: str | Path) -> list[int]:
+    """The steps of the finished training checkpoints in ``run_dir/checkpoints``, ascending. Read
+    from the folder's names, not through a manager: in a multi-process job a manager's creation
+    is a collective, and whether the folder exists yet may differ between processes (process 0
+    makes it), so a manager here would leave them in different collectives."""
+    directory = Path(run_dir) / "checkpoints"
+    return sorted(ocp.utils.checkpoint_steps(directory)) if directory.is_dir() else []
 
 
 def _residual_parts(config) -> tuple[Params, Params]:
@@ -524,12 +522,8 @@ def restore_training_state(manager: ocp.CheckpointManager, run_dir: Path, params
 
 
 def latest_checkpoint_step(run_dir: str | Path) -> int | None:
-    """The step of the latest training checkpoint in ``run_dir/checkpoints``, or None. Read from
-    the folder's names, not through a manager: in a multi-process job a manager's creation is a
-    collective, and whether the folder exists yet may differ between processes (process 0 makes
-    it), so a manager here would leave them in different collectives."""
-    directory = Path(run_dir) / "checkpoints"
-    return max(ocp.utils.checkpoint_steps(directory), default=None) if directory.is_dir() else None
+    """The step of the latest training checkpoint in ``run_dir/checkpoints``, or None (:func:`_training_steps`)."""
+    return max(_training_steps(run_dir), default=None)
 
 
 def load_latest_params(run_dir: str | Path, template: Params) -> tuple[Params, int] | None:
