@@ -16,15 +16,11 @@ Guarding against regressions:
 * ``--check`` exits nonzero when the engine is below ``--min-speedup`` times numpy (10 by
   default), when its speed-up over numpy is more than ``--max-slowdown`` times below the
   stored one (numpy in the same run is the yardstick, so the check survives a busy machine),
-  or when a timed pass compiled its step;
-* ``--against REV`` runs this benchmark and the same script of revision ``REV`` (from a git
-  worktree, each in its own process, alternating repeat by repeat) and reports the ratio of
-  the two engines' times and speed-ups.
+  or when a timed pass compiled its step.
 
     python experiments/bench_stats.py --workdir W --metrics-json b.json
     python experiments/bench_stats.py --workdir W --repeats 5 --write-result
     python experiments/bench_stats.py --workdir W --check
-    python experiments/bench_stats.py --workdir W --against 70b1b1d --repeats 3
 """
 
 from __future__ import annotations
@@ -33,10 +29,7 @@ import dataclasses
 import datetime
 import json
 import os
-import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -70,8 +63,6 @@ class Options:
       check: exit nonzero on a regression against the stored figures (see --min-speedup, --max-slowdown)
       min_speedup: --check: the least median speed-up of the one-device engine over np.add.at
       max_slowdown: --check: the most the speed-up over numpy may fall below the stored one (a factor)
-      against: also run REV's bench_stats.py from a git worktree, alternating with this one, and
-        report the ratio
     """
 
     workdir: Path = dataclasses.field(metadata={"required": True})
@@ -85,7 +76,6 @@ class Options:
     check: bool = False
     min_speedup: float = 10.0
     max_slowdown: float = 1.5
-    against: str | None = dataclasses.field(default=None, metadata={"metavar": "REV"})
 
 
 def parse_args(argv=None) -> Options:
@@ -230,57 +220,6 @@ def main():
     return metrics
 
 
-def run_script(tree: Path, metrics_json: Path) -> dict:
-    """One run of ``tree``'s ``experiments/bench_stats.py`` (one repeat) in its own process,
-    importing ``tree``'s saffu; returns its metrics."""
-    argv = [sys.executable, str(tree / "experiments" / "bench_stats.py"), "--workdir", str(ARGS.workdir.resolve()),
-            "--radius", str(ARGS.radius), "--bits", str(ARGS.bits), "--devices", str(ARGS.devices),
-            "--chunk-size", str(ARGS.chunk_size), "--repeats", "1", "--metrics-json", str(metrics_json)]
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()      # the child sets its own
-                                if not f.startswith("--xla_force_host_platform_device_count"))
-    done = subprocess.run(argv, cwd=tree, env=env, capture_output=True, text=True)
-    if done.returncode != 0:
-        sys.exit(f"{tree}: bench_stats.py failed:\n{done.stderr[-3000:]}")
-    return json.loads(metrics_json.read_text())
-
-
-def against(rev: str) -> dict:
-    """This tree and a worktree of ``rev``, alternating for ``--repeats`` runs of one repeat
-    each; medians per side and the ratios (> 1: this tree is faster)."""
-    sides: dict[str, list[dict]] = {"this": [], rev: []}
-    with tempfile.TemporaryDirectory(prefix="saffu-bench-stats-") as tmp:
-        tree = Path(tmp) / "rev"
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--force", str(tree), rev],
-                       check=True, capture_output=True)
-        try:
-            for repeat in range(ARGS.repeats):
-                for side, root in (("this", ROOT), (rev, tree)):
-                    metrics = run_script(root, Path(tmp) / f"{len(sides[side])}_{side == 'this'}.json")
-                    sides[side].append({**metrics, "load": os.getloadavg()[0]})
-                    print(f"{side:>8} repeat {repeat}: engine {metrics['engine_seconds']:.3f} s, numpy "
-                          f"{metrics['numpy_seconds']:.3f} s, {metrics['speedup_vs_numpy']:.1f}x "
-                          f"(load {sides[side][-1]['load']:.2f})", flush=True)
-        finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], capture_output=True)
-    median = lambda side, key: statistics.median(run[key] for run in sides[side])
-    figures = {"revision": rev, "repeats": ARGS.repeats,
-               "this_engine_seconds": median("this", "engine_seconds"), "rev_engine_seconds": median(rev, "engine_seconds"),
-               "this_speedup_vs_numpy": median("this", "speedup_vs_numpy"),
-               "rev_speedup_vs_numpy": median(rev, "speedup_vs_numpy"),
-               "this_engine_seconds_per_repeat": [r["engine_seconds"] for r in sides["this"]],
-               "rev_engine_seconds_per_repeat": [r["engine_seconds"] for r in sides[rev]],
-               "this_speedup_vs_numpy_per_repeat": [r["speedup_vs_numpy"] for r in sides["this"]],
-               "rev_speedup_vs_numpy_per_repeat": [r["speedup_vs_numpy"] for r in sides[rev]],
-               "load_per_repeat": [r["load"] for pair in zip(sides["this"], sides[rev]) for r in pair]}
-    figures["engine_time_ratio"] = figures["rev_engine_seconds"] / figures["this_engine_seconds"]
-    figures["speedup_ratio"] = figures["this_speedup_vs_numpy"] / figures["rev_speedup_vs_numpy"]
-    print(f"\nengine, 1 device: this {figures['this_engine_seconds']:.3f} s ({figures['this_speedup_vs_numpy']:.1f}x "
-          f"numpy), {rev} {figures['rev_engine_seconds']:.3f} s ({figures['rev_speedup_vs_numpy']:.1f}x numpy): "
-          f"this is {figures['engine_time_ratio']:.2f}x as fast (speed-up ratio {figures['speedup_ratio']:.2f})")
-    return figures
-
-
 def check(metrics: dict) -> list[str]:
     """Regressions of ``metrics`` against ``--min-speedup`` and the stored figures (empty: none)."""
     failures = []
@@ -310,11 +249,6 @@ def store(name: str, figures: dict, started, load: dict | None = None) -> None:
 
 def cli() -> None:
     started = datetime.datetime.now(datetime.UTC)
-    if ARGS.against:
-        compared = against(ARGS.against)
-        if ARGS.write_result:
-            store("bench_stats_against", compared, started)
-        return
     figures = main()
     if ARGS.write_result:
         store("bench_stats", figures, started, {"load_before": figures["load_before"], "load_after": figures["load_after"]})

@@ -17,7 +17,9 @@ Protocol (the same for both starts, width 128, 5 layers, V 8,192, 16 × 256 targ
 Every probe and run is a run spec (:mod:`saffu.runner`: ``saffu train --config`` of its
 ``spec.json``) in its own folder (``OUT/runs/START/NAME``), run by :func:`saffu.runner.sweep`: a
 finished one (its ``result.json`` written under the same spec) is skipped, an interrupted one
-resumes from its checkpoint, and a folder holding another spec is refused. ``--jobs 2`` runs
+resumes from its checkpoint, a folder holding another spec is refused, and a run that
+``results/tuning.json`` records (an earlier session's, its folder left on the machine that made
+it) is not run again: the report reads its recorded row. ``--jobs 2`` runs
 two at once, each pinned to a core of its own. ``--report`` writes ``results/tuning.json``: the
 grid, every probe's and run's dev figure, seconds and command, and the chosen values per start
 and budget.
@@ -31,6 +33,7 @@ and budget.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import shlex
 import subprocess
@@ -41,7 +44,7 @@ from results import write_result
 from saffu._io import SaffuError, atomic_write_json
 from saffu.eval.race import GROW_BY_TWO, combinations, compute_with_solve, multiplier, search
 from saffu.flags import DEFAULT_CORPUS, TRANSFORMER_RENAME, flag_name, script_options
-from saffu.runner import SPEC, command, sweep
+from saffu.runner import command, sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The starts compared: each one's ``saffu train`` start (``--init`` and its start settings) and
@@ -152,18 +155,37 @@ def spec_of(args, start: str, values: dict, epochs: float) -> dict:
 
 def run_all(args, wanted: list[tuple[str, dict, float]]) -> None:
     """Run every ``(start, values, epochs)`` not finished yet through :func:`saffu.runner.sweep`,
-    ``--jobs`` at a time (each pinned to its own core). A folder finished before the runner wrote
-    specs (``result.json``, no ``spec.json``) was run under its name's settings: it is given its spec."""
-    specs = {name_of(*w): spec_of(args, *w) for w in wanted}
-    for name, spec in specs.items():
-        folder = args.out / "runs" / name
-        if (folder / "result.json").exists() and not (folder / SPEC).exists():
-            atomic_write_json(folder / SPEC, spec)
+    ``--jobs`` at a time (each pinned to its own core); one recorded in ``results/tuning.json`` by an
+    earlier session (:func:`recorded_rows`) is not run again."""
+    recorded = recorded_rows(args)
+    specs = {name_of(*w): spec_of(args, *w) for w in wanted if name_of(*w) not in recorded}
     sweep(specs, args.out / "runs", args.workdir, jobs=args.jobs)
 
 
-def load(out: Path, name: str) -> dict:
-    return json.loads((out / "runs" / name / "result.json").read_text())
+def recorded_rows(args) -> dict[str, dict]:
+    """``{run name: row}`` of ``results/tuning.json``: the runs of earlier sessions, whose folders
+    stay on the machine that made them. Empty for ``--quick`` and for another work directory."""
+    return {} if args.quick else _recorded((ROOT / args.workdir).resolve())
+
+
+@functools.cache
+def _recorded(workdir: Path) -> dict[str, dict]:
+    path = ROOT / "results" / "tuning.json"
+    if not path.exists():
+        return {}
+    figures = json.loads(path.read_text())["figures"]
+    if (ROOT / figures["workdir"]).resolve() != workdir:
+        return {}
+    rows = [row for tuned in figures["starts"].values()
+            for row in [*tuned["probes"], *(r for budget in tuned["budgets"].values() for r in budget["runs"])]]
+    return {row["name"]: row for row in [*rows, *(r for runs in figures["architectures"].values() for r in runs)]}
+
+
+def finished(args, start: str) -> list[str]:
+    """The names (``4ep_le0.01_we0.9_dr0``) of ``start``'s finished runs: this machine's and the
+    recorded ones (:func:`recorded_rows`)."""
+    here = {p.parent.name for p in (args.out / "runs" / start).glob("*/result.json")}
+    return sorted(here | {name.split("/", 1)[1] for name in recorded_rows(args) if name.split("/", 1)[0] == start})
 
 
 def _losses(args, start: str, epochs: float, run: bool, fixed: dict | None = None):
@@ -173,8 +195,9 @@ def _losses(args, start: str, epochs: float, run: bool, fixed: dict | None = Non
         wanted = [(start, {**(fixed or {}), **values}, epochs) for values in combos]
         if run:
             run_all(args, wanted)
-        return [(values, load(args.out, name_of(*w))["dev_bpb"]) for values, w in zip(combos, wanted)
-                if (args.out / "runs" / name_of(*w) / "result.json").exists()]
+        done = set(finished(args, start))
+        return [(values, _row(args, *w)["dev_bpb"]) for values, w in zip(combos, wanted)
+                if name_of(*w).split("/", 1)[1] in done]
     return losses
 
 
@@ -205,7 +228,7 @@ def report(args) -> dict:
     starts asked for, and every start of :data:`GRID_OF` whose grid has probes), every other run
     of a whole epoch or more as its architecture's rows, and the race (:func:`race`)."""
     starts = {}
-    has_grid = lambda start: any((args.out / "runs" / start).glob(f"{args.share:g}ep_*/result.json"))
+    has_grid = lambda start: any(_epochs(name) == args.share for name in finished(args, start))
     for start in dict.fromkeys([*args.starts, *(s for s in GRID_OF if has_grid(s))]):
         grid, chosen, probes = tuned_grid(args, start, run=False)
         budgets = {}
@@ -222,8 +245,7 @@ def report(args) -> dict:
         if start in args.starts:
             continue
         tuned = {r["name"] for b in starts.get(start, {}).get("budgets", {}).values() for r in b["runs"]}
-        names = sorted(p.parent.name for p in (args.out / "runs" / start).glob("*/result.json")
-                       if _epochs(p.parent.name) >= 1 and f"{start}/{p.parent.name}" not in tuned)
+        names = [name for name in finished(args, start) if _epochs(name) >= 1 and f"{start}/{name}" not in tuned]
         if names:
             others[start] = [_row(args, start, _values(name), _epochs(name)) for name in names]
     figures = {"protocol": {"grid": GRID, "share_epochs": args.share, "budget_epochs": args.epochs,
@@ -331,8 +353,11 @@ def plot(race_rows: dict, path: Path, tuned: tuple[str, ...] = ()) -> str:
 
 
 def _row(args, start: str, values: dict, epochs: float) -> dict:
+    """A finished run's row: from its folder, else as :func:`recorded_rows` holds it."""
     name = name_of(start, values, epochs)
-    result = load(args.out, name)
+    if not (args.out / "runs" / name / "result.json").exists():
+        return recorded_rows(args)[name]
+    result = json.loads((args.out / "runs" / name / "result.json").read_text())
     history = [json.loads(line) for line in (args.out / "runs" / name / "metrics.jsonl").read_text().splitlines()]
     return {"name": name, **values, "epochs": epochs, "dev_bpb": result["dev_bpb"], "dev_loss": result["dev_loss"],
             "train_loss": history[-1]["train_loss"], "last_dev_window_loss": history[-1]["dev_loss"],
@@ -344,9 +369,7 @@ def _row(args, start: str, values: dict, epochs: float) -> dict:
 
 
 def _command(args, folder: Path) -> str:
-    """How a run was started: its ``command.txt`` (runs before the runner), else the runner's command."""
-    if (folder / "command.txt").exists():
-        return (folder / "command.txt").read_text().strip()
+    """How a run was started: the runner's command."""
     return shlex.join(["python", *command(folder, args.workdir)[1:]])
 
 

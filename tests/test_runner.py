@@ -2,12 +2,15 @@
 refuses a folder of another spec, rows gathered back, and ``saffu sweep``."""
 
 import json
+from pathlib import Path
 
 import pytest
 
 from saffu._io import SaffuError
 from saffu.cli import main
 from saffu.runner import flatten, gather, grid, read_grid, spec_hash, sweep, with_value
+
+ROOT = Path(__file__).resolve().parents[1]
 
 TINY = {"start": {"init": "random", "model": "transformer"},
         "model": {"width": 16, "layers": 1, "heads": 2, "context_tokens": 4, "max_len": 24},
@@ -29,6 +32,20 @@ def test_a_grid_is_every_combination_named_by_its_values():
         grid({}, {"train.learning_rate": []})
     with pytest.raises(SaffuError, match="sections"):
         grid({"optimiser": {}}, {})
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "experiments" / "grids").glob("*.toml")), ids=lambda p: p.name)
+def test_every_experiment_grid_is_specs_saffu_train_takes(path, tmp_path):
+    """Each spec of a grid file of experiments/grids: ``saffu train --config`` reads every one of
+    its settings, and its model is a valid config of its kind (e.g. no self-guided dense MLP)."""
+    from saffu.flags import MODEL, spec_defaults
+    specs = grid(*read_grid(path))
+    assert specs
+    for name, spec in specs.items():
+        (tmp_path / "spec.json").write_text(json.dumps(spec))
+        assert spec_defaults(tmp_path / "spec.json")["model"] == spec["model"]["kind"]
+        cls = MODEL[spec["model"]["kind"]][0]
+        cls(vocab_size=8192, **{k: v for k, v in spec["model"].items() if k != "kind"})
 
 
 def test_a_grid_file_reads_toml_dotted_keys(tmp_path):
