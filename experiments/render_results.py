@@ -50,7 +50,8 @@ def provenance(record: dict) -> str:
 def _page(name: str, record: dict, **values) -> str:
     """``experiments/pages/<name>.md`` (a Jinja template) rendered with the record's figures ``f``,
     its :func:`provenance` and ``values`` (the tables and what the page computes)."""
-    return JINJA.get_template(f"{name}.md").render(f=record["figures"], provenance=provenance(record), **values)
+    return JINJA.get_template(f"{name}.md").render(f=record["figures"], record=record, provenance=provenance(record),
+                                                   **values)
 
 
 def _yes(value) -> str:
@@ -118,14 +119,6 @@ def bench_bf16(record: dict) -> str:
                  model=f["training"]["model"], variants=sorted(f["training"]["seconds_per_step"], key=lambda n: n != "float32"))
 
 
-def harness_blimp(record: dict) -> str:
-    return _page("harness_blimp", record, date=record["date"])
-
-
-def hf_explicit_init(record: dict) -> str:
-    return _page("hf_explicit_init", record)
-
-
 #: bench_train's variants as its page names them.
 TRAIN_VARIANTS = {"saffu": "saffu", "saffu-before": "saffu, revision before the speed work",
                   "saffu-dp2": "saffu, data-parallel over 2 host devices (`--devices 2`)",
@@ -141,17 +134,6 @@ def bench_train(record: dict) -> str:
     return _page("bench_train", record, backend=backend, before=ratio("speedup_vs_before"), best_two=f.get("best_two_core_variant"),
                  gflop=f["xla_flops_per_step"] / 1e9, m=f["model"], labels=TRAIN_VARIANTS, torch=ratio("speedup_vs_torch"),
                  two=ratio("speedup_two_cores"), xla_from=f.get("xla_flops_from", "saffu"))
-
-
-def bench_stats(record: dict) -> str:
-    f = record["figures"]
-    per_repeat = ", ".join(f"{x:.1f}×" for x in f["speedup_vs_numpy_per_repeat"])
-    stream_order = ""
-    if "engine_stream_order_seconds" in f:   # runs before target order had no such column
-        seconds = f["engine_stream_order_seconds"]
-        stream_order = (f"| saffu engine, one device, stream order (target order: ×{f['target_order_gain']:.2f} "
-                        f"as fast, median of per-repeat ratios) | {seconds:.3f} | {f['tokens'] / seconds:,.0f} | |\n")
-    return _page("bench_stats", record, per_repeat=per_repeat, stream_order=stream_order)
 
 
 SCORED = (("transformer", "transformer (random init)"), ("exact", "exact model"), ("residual", "explicit residual"))
@@ -170,29 +152,8 @@ def bench_scoring(record: dict) -> str:
                     f"({m['blimp_vs_train']:.2f}×) | {m['blimp_seconds']:.0f} s | "
                     f"{abs(m['score_loss'] - m['before_score_loss']):.1e} |")
     ratio = f["residual_vs_transformer"]
-    workdir, rounds, table, alternating = Path(settings["workdir"]).name, _rounds(settings), "\n".join(rows), _alternating(f)
-    return _page("bench_scoring", record, alternating=alternating, ratio=ratio, rounds=rounds, settings=settings, table=table, train=train, workdir=workdir)
-
-
-def _rounds(settings: dict) -> str:
-    """How many rounds a bench_scoring figure is the median of (runs before ``--rounds``: one)."""
-    rounds = settings.get("rounds", 1)
-    return f", the median of {rounds} rounds (the models interleaved round by round)" if rounds > 1 else ""
-
-
-def _alternating(f: dict) -> str:
-    """The residual's training step against the transformer's, timed alternately in one process."""
-    ratio = f["residual_vs_transformer"]
-    if "alternating_step_ratio" not in ratio:
-        return ""
-    step = f["residual_step"]
-    return (f"\nTimed alternately in one process (`experiments/bench_residual.py`, {ratio['alternating_rounds']} rounds of one "
-            f"step each on the same batches, so load drifts hit both alike): the residual's step takes "
-            f"×{ratio['alternating_step_ratio']:.3f} the transformer's (median; ×{ratio['alternating_step_ratio_of_minima']:.3f} "
-            f"of the minima; {step['median_step_seconds']['residual']:.2f} against "
-            f"{step['median_step_seconds']['transformer']:.2f} s), and its peak RSS is "
-            f"{step['peak_rss_gb']['residual']:.2f} GB against {step['peak_rss_gb']['transformer']:.2f} GB "
-            f"(+{ratio['peak_rss_extra_gb']:.2f} GB), each measured in a process of its own.\n")
+    return _page("bench_scoring", record, ratio=ratio, settings=settings, table="\n".join(rows), train=train,
+                 workdir=Path(settings["workdir"]).name)
 
 
 def mm_shape(f: dict) -> str:
@@ -213,7 +174,7 @@ def tuning(record: dict) -> str:
                  rescored=[r for r in runs if r.get("rescored")])
 
 
-RENDERERS = {"harness_blimp": harness_blimp, "hf_explicit_init": hf_explicit_init, "tuning": tuning, "bench_train": bench_train, "bench_bf16": bench_bf16, "bench_scoring": bench_scoring, "bench_stats": bench_stats, "soak": soak, "budgets": budgets, "setup": setup}
+RENDERERS = {"tuning": tuning, "bench_train": bench_train, "bench_bf16": bench_bf16, "bench_scoring": bench_scoring, "soak": soak, "budgets": budgets, "setup": setup}
 
 
 def _load(name: str) -> dict | None:
