@@ -64,10 +64,6 @@ class Options:
     write_result: bool = False
 
 
-def parse_args(argv=None) -> Options:
-    return script_options(Options, argv, __doc__.splitlines()[0])
-
-
 def _median_seconds(fn, *args, repeats: int) -> float:
     jax.block_until_ready(fn(*args))
     times = []
@@ -146,7 +142,7 @@ def step_figures(args) -> dict:
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    args = script_options(Options, argv, __doc__.splitlines()[0])
     if args.quick:
         args.vocab_size, args.width, args.layers, args.seq_len, args.steps, args.rounds = 2048, 64, 2, 64, 3, 2
     load_before = os.getloadavg()[0]

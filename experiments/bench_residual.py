@@ -7,8 +7,7 @@ then timed side by side in one process, alternating one step of each per round, 
 real batches of the work directory's training split; the medians and their ratio
 (residual / transformer) are reported with the load average. Each model's peak resident memory
 is measured in a subprocess of its own (``resource.getrusage``: build, compile and a few steps),
-with XLA's own account of the compiled step (argument and temporary bytes). ``--explicit``
-also times the explicit part's forward alone (``explicit_log_probs``, jitted).
+with XLA's own account of the compiled step (argument and temporary bytes).
 
     python experiments/bench_residual.py --workdir runs/babylm --exact-run runs/budgets/exact/1 \\
         --metrics-json runs/bench_residual.json
@@ -45,9 +44,6 @@ class Options:
       scale: the residual's λ
       rounds: timed rounds (one step of each model per round)
       rss_steps: steps each memory subprocess runs after compiling
-      explicit: also time the explicit part's forward alone
-      rss: the per-model memory subprocesses (--no-rss: skip them)
-      rss_only: only the per-model memory subprocesses
       child: internal: the model whose memory this subprocess measures
       metrics_json: write the figures here as JSON
     """
@@ -61,15 +57,8 @@ class Options:
     scale: str = dataclasses.field(default="fixed", metadata={"choices": ("fixed", "learned")})
     rounds: int = 8
     rss_steps: int = 3
-    explicit: bool = False
-    rss: bool = True
-    rss_only: bool = False
     child: str | None = dataclasses.field(default=None, metadata={"choices": KINDS, "hidden": True})
     metrics_json: Path | None = None
-
-
-def parse_args(argv=None) -> Options:
-    return script_options(Options, argv, __doc__.splitlines()[0])
 
 
 def build(args, kind: str):
@@ -153,24 +142,8 @@ def child(args) -> dict:
             "mean_loss": stepper.mean_loss()}
 
 
-def explicit_forward(args, stepper: Stepper, repeats: int) -> dict:
-    """Median seconds of the explicit part's forward alone over the step's batches."""
-    import jax
-
-    from saffu.models.residual import explicit_log_probs
-    forward = jax.jit(lambda params, tokens: explicit_log_probs(params, stepper.model, tokens))
-    params = {**stepper.params, **stepper.fixed}
-    jax.block_until_ready(forward(params, stepper.batches[0][0]))
-    times = []
-    for i in range(repeats):
-        tick = time.perf_counter()
-        jax.block_until_ready(forward(params, stepper.batches[i % len(stepper.batches)][0]))
-        times.append(time.perf_counter() - tick)
-    return {"explicit_forward_seconds": statistics.median(times)}
-
-
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    args = script_options(Options, argv, __doc__.splitlines()[0])
     if args.child:
         print(json.dumps(child(args)))
         return 0
@@ -181,22 +154,19 @@ def main(argv=None) -> int:
     except SaffuError as err:
         raise SystemExit(f"--exact-run: {err}") from None
     result = {"command": " ".join([sys.executable, *sys.argv]), "load_average_before": os.getloadavg()}
-    if args.rss:        # first, while this process is small (see :func:`child`)
-        forwarded = list(sys.argv[1:])
-        if "--metrics-json" in forwarded:
-            i = forwarded.index("--metrics-json")
-            forwarded = forwarded[:i] + forwarded[i + 2:]
-        rss = {}
-        for kind in KINDS:
-            out = subprocess.run([sys.executable, __file__, *forwarded, "--child", kind], check=True,
-                                 capture_output=True, text=True).stdout
-            rss[kind] = json.loads(out.strip().splitlines()[-1])
-        result["peak_rss_gb"] = {k: v["peak_rss_gb"] for k, v in rss.items()}
-        result["peak_rss_extra_gb"] = rss["residual"]["peak_rss_gb"] - rss["transformer"]["peak_rss_gb"]
-        result["subprocess"] = rss
+    forwarded = list(sys.argv[1:])      # the memory first, while this process is small (see :func:`child`)
+    if "--metrics-json" in forwarded:
+        i = forwarded.index("--metrics-json")
+        forwarded = forwarded[:i] + forwarded[i + 2:]
+    rss = {}
+    for kind in KINDS:
+        out = subprocess.run([sys.executable, __file__, *forwarded, "--child", kind], check=True,
+                             capture_output=True, text=True).stdout
+        rss[kind] = json.loads(out.strip().splitlines()[-1])
+    result["peak_rss_gb"] = {k: v["peak_rss_gb"] for k, v in rss.items()}
+    result["peak_rss_extra_gb"] = rss["residual"]["peak_rss_gb"] - rss["transformer"]["peak_rss_gb"]
+    result["subprocess"] = rss
     result["load_average_before_timing"] = os.getloadavg()
-    if args.rss_only:
-        return report(result, args)
     steppers = {kind: Stepper(args, kind) for kind in KINDS}
     for stepper in steppers.values():          # one warm step each (first-run allocations)
         stepper.step()
@@ -217,13 +187,6 @@ def main(argv=None) -> int:
         "xla_bytes": {k: s.xla_bytes for k, s in steppers.items()},
         "compile_seconds": {k: s.compile_seconds for k, s in steppers.items()},
         "mean_loss": {k: s.mean_loss() for k, s in steppers.items()}})
-    if args.explicit:
-        result.update(explicit_forward(args, steppers["residual"], max(args.rounds, 3)))
-        result["explicit_share_of_residual_step"] = result["explicit_forward_seconds"] / medians["residual"]
-    return report(result, args)
-
-
-def report(result: dict, args) -> int:
     print(json.dumps({k: v for k, v in result.items() if k not in ("step_seconds", "subprocess")}, indent=1))
     if args.metrics_json:
         args.metrics_json.parent.mkdir(parents=True, exist_ok=True)

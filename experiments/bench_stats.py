@@ -78,11 +78,7 @@ class Options:
     max_slowdown: float = 1.5
 
 
-def parse_args(argv=None) -> Options:
-    return script_options(Options, argv, __doc__.splitlines()[0])
-
-
-ARGS = parse_args()
+ARGS = script_options(Options, None, __doc__.splitlines()[0])
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + f" --xla_force_host_platform_device_count={ARGS.devices}").strip()
 

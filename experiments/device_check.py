@@ -124,10 +124,6 @@ def _check(options: Options) -> None:
         raise SaffuError("chunk sizes must be positive")
 
 
-def parse_args(argv=None) -> Options:
-    return script_options(Options, argv, __doc__.splitlines()[0], check=_check)
-
-
 def sha256_int64(*arrays) -> str:
     """sha256 of the arrays as contiguous little-endian int64 (the same on every machine)."""
     digest = hashlib.sha256()
@@ -296,7 +292,7 @@ def flat_metrics(result: dict) -> dict:
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    args = script_options(Options, argv, __doc__.splitlines()[0], check=_check)
     start = time.perf_counter()
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)

@@ -54,10 +54,6 @@ class Options:
     merge: bool = False
 
 
-def parse_args(argv=None) -> Options:
-    return script_options(Options, argv, __doc__.splitlines()[0])
-
-
 def score(name: str, run: Path, blimp: Path, tasks: Path, harness_only: bool = False) -> dict:
     import lm_eval
     from lm_eval.tasks import TaskManager
@@ -141,7 +137,7 @@ def _hf(model, run: Path, manager, harness: float) -> dict:
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    args = script_options(Options, argv, __doc__.splitlines()[0])
     from saffu.interop.harness import write_blimp_tasks
     rows = []
     with tempfile.TemporaryDirectory() as tasks:

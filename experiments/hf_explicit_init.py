@@ -69,10 +69,6 @@ class Options:
     write_result: bool = False
 
 
-def parse_args(argv=None) -> Options:
-    return script_options(Options, argv, __doc__.splitlines()[0])
-
-
 def make_checkpoint(args, random: bool) -> Path:
     out = args.out / ("random" if random else "explicit")
     if not (out / "model.safetensors").exists():
@@ -145,7 +141,7 @@ def train(args, path: Path, torch, transformers, windows, n_bytes) -> list[dict]
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    args = script_options(Options, argv, __doc__.splitlines()[0])
     try:
         import torch
         import transformers
