@@ -2,8 +2,8 @@
 GPT-NeoX, random init against explicit init, through the public API only.
 
 The models are built by penzai (``pip install -e '.[models]'``) at the size of the project's
-transformer (width 128, 5 blocks, 4 heads of 32); their parameters, a tuple of penzai
-``ParameterValue`` s, become a plain dict ``{label: array}`` (axes in a fixed order), so
+transformer (width 128, 5 blocks, 4 heads of 32), behind saffu's model interface by
+:class:`saffu.interop.penzai.PenzaiModel`, whose parameters are a plain dict ``{label: array}``, so
 :func:`saffu.interop.explicit_init` names the leaves by label:
 
 * ``llama``: ``transformer/embedder.embeddings`` ``[V, d]``, ``transformer/lm_head.weights`` ``[d, V]``
@@ -44,6 +44,7 @@ from saffu._io import SaffuError
 from saffu.eval.race import steps_to_reach
 from saffu.flags import script_options
 from saffu.interop.init import FOLD_SHARE
+from saffu.interop.penzai import PenzaiModel
 from saffu.models.interface import model_init
 
 MODELS = ("llama", "neox", "llama-tied", "saffu-nobias")
@@ -53,76 +54,6 @@ LEARNING_RATE = 0.01
 #: The explicit embeddings' root-mean-square (see :func:`saffu.interop.explicit_init`).
 EMBEDDING_RMS = 1.0
 SHORT_EVAL_TOKENS = 100_000
-
-
-@dataclasses.dataclass(frozen=True)
-class PenzaiModel:
-    """A penzai transformer behind saffu's model interface (:mod:`saffu.models.interface`):
-    params ``{label: float32 array}``, ``logits(params, tokens int32[B, S]) -> float32[B, S, V]``."""
-
-    family: str
-    vocab_size: int
-    width: int = 128
-    layers: int = 5
-    heads: int = 4
-    mlp: int = 512
-    tied: bool = False
-    context_tokens: int = 32
-    kind: str = "penzai"
-
-    @property
-    def context(self) -> int:
-        return self.context_tokens
-
-    @property
-    def eval_seq_len(self) -> int:
-        return 256
-
-    def build(self, key):
-        from penzai.models.transformer.variants import gpt_neox, llamalike_common
-        if self.family == "llama":
-            config = llamalike_common.LlamalikeTransformerConfig(
-                num_kv_heads=self.heads, query_head_multiplier=1, embedding_dim=self.width,
-                projection_dim=self.width // self.heads, mlp_hidden_dim=self.mlp * 2 // 3,
-                num_decoder_blocks=self.layers, vocab_size=self.vocab_size, mlp_variant="swiglu",
-                tie_embedder_and_logits=self.tied)
-            return llamalike_common.build_llamalike_transformer(config, init_base_rng=key)
-        config = gpt_neox.GPTNeoXTransformerConfig(
-            num_attention_heads=self.heads, embedding_dim=self.width, projection_dim=self.width // self.heads,
-            mlp_hidden_dim=self.mlp, num_decoder_blocks=self.layers, vocab_size=self.vocab_size,
-            activation_fn="gelu_approx", rope_subset_size=(self.width // self.heads) // 4, rope_wavelength=10_000,
-            layernorm_epsilon=1e-5, parameter_dtype="float32", activation_dtype="float32")
-        return gpt_neox.build_gpt_neox_transformer(config, init_base_rng=key)
-
-    def init(self, key) -> dict:
-        from penzai import pz
-        model = self.build(key)
-        _, values = pz.unbind_params(model, freeze=True)
-        return {v.label: v.value.unwrap(*v.value.named_shape) for v in values}
-
-    def logits(self, params: dict, tokens):
-        import jax
-        from penzai import pz
-        # built inside the trace, so the model's own constants (scales, rotary tables) are traced
-        # values rather than arrays captured by the executable; the unused random init is dead code
-        unbound, values = pz.unbind_params(self.build(jax.random.key(0)), freeze=True)
-        values = [pz.ParameterValue(label=v.label, value=pz.nx.wrap(params[v.label]).tag(*v.value.named_shape))
-                  for v in values]
-        named = pz.bind_variables(unbound, values)(pz.nx.wrap(tokens).tag("batch", "seq"))
-        return named.unwrap("batch", "seq", "vocabulary")
-
-    def forward_flops(self, seq_len: int) -> float:
-        d, L, V = self.width, self.layers, self.vocab_size
-        mean_visible = (self.context + seq_len + 1) / 2
-        mlp = 3 * d * (self.mlp * 2 // 3) if self.family == "llama" else 2 * d * self.mlp
-        return 2.0 * (L * (4 * d * d + mlp + 2 * mean_visible * d) + d * V)
-
-    def selectors(self) -> dict:
-        """``explicit_init`` keyword arguments naming this model's leaves."""
-        if self.family == "llama":
-            return {"embedding": "transformer/embedder.embeddings"} if self.tied else \
-                {"embedding": "transformer/embedder.embeddings", "output": "transformer/lm_head.weights"}
-        return {"embedding": "transformer/embedder.embeddings", "output": "transformer/lm_head.weights"}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -462,3 +462,29 @@ def test_init_weights_writes_a_hugging_face_checkpoint(tiny_workdir, tmp_path, a
     assert changed == {embed, "lm_head.weight"}
     assert (tmp_path / "explicit" / "tokenizer.json").is_file()
     assert "explicit" in (tmp_path / "explicit" / "README.md").read_text()
+
+
+@pytest.mark.parametrize("family,tied", [("llama", False), ("llama", True), ("neox", False)])
+def test_a_penzai_model_behind_the_model_interface_takes_explicit_init(family, tied):
+    """penzai's transformer as a dict of arrays by label: saffu's model interface draws its init and
+    runs its logits, and explicit_init sets exactly the leaves its selectors name."""
+    pytest.importorskip("penzai")
+    from saffu.interop.penzai import PenzaiModel
+    model = PenzaiModel(family, vocab_size=V, width=16, layers=1, heads=2, mlp=24, tied=tied, context_tokens=4)
+    params = model_init(model, jax.random.key(0))
+    assert all(isinstance(label, str) for label in params) and set(model.selectors().values()) <= set(params)
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, V, (2, 7)), jnp.int32)
+    assert model_logits(model, params, tokens).shape == (2, 7, V)
+    new = explicit_init(params, _pieces(rank=16), embedding_rms=1.0, **model.selectors())
+    changed = {label for label in params if not np.array_equal(np.asarray(params[label]), np.asarray(new[label]))}
+    assert changed == set(model.selectors().values())
+    assert _rms(new["transformer/embedder.embeddings"]) == pytest.approx(1.0, rel=1e-3)
+    assert np.isfinite(np.asarray(model_logits(model, new, tokens))).all() and model.forward_flops(8) > 0
+
+
+def test_a_penzai_model_refuses_what_penzai_does_not_build():
+    from saffu.interop.penzai import PenzaiModel
+    with pytest.raises(SaffuError, match="family"):
+        PenzaiModel("gpt2", vocab_size=V)
+    with pytest.raises(SaffuError, match="tied"):
+        PenzaiModel("neox", vocab_size=V, tied=True)

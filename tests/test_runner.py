@@ -41,7 +41,7 @@ def test_every_experiment_grid_is_specs_saffu_train_takes(path, tmp_path):
     from saffu.flags import MODEL, spec_defaults
     specs = grid(*read_grid(path))
     assert specs
-    for name, spec in specs.items():
+    for spec in specs.values():
         (tmp_path / "spec.json").write_text(json.dumps(spec))
         assert spec_defaults(tmp_path / "spec.json")["model"] == spec["model"]["kind"]
         cls = MODEL[spec["model"]["kind"]][0]

@@ -9,6 +9,9 @@
 * :mod:`saffu.interop.weights_file` — the framework-free init file (``saffu init-weights``).
 * :mod:`saffu.interop.hf` — a trained transformer as a Hugging Face GPT-2 checkpoint
   (``saffu export``).
+* :mod:`saffu.interop.penzai` — :class:`~saffu.interop.penzai.PenzaiModel`: penzai's
+  transformers behind saffu's model interface (``pip install -e '.[models]'``; imported by name,
+  not here).
 """
 
 from saffu.interop.init import explicit_init, tied_matrix
