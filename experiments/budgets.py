@@ -157,25 +157,10 @@ def folder_name(start: str, epochs: int, width: int, seed: int, rate: float) -> 
 NAME = re.compile(r"(?P<start>[a-z0-9-]+)_e(?P<epochs>\d+)_w(?P<width>\d+)_s(?P<seed>\d+)_lr(?P<rate>[0-9.e-]+)")
 
 
-#: The sweep's name of each multiplier kind of :mod:`saffu.eval.race` (its rows keep these words).
+#: The sweep's name of each multiplier kind of :mod:`saffu.eval.race` (its rows keep these words):
+#: the cold curve reaches the run's figure inside it, only beyond its largest compute (a lower
+#: bound) or before its smallest (an upper bound).
 HOW = {MEASURED: "interpolated", LOWER_BOUND: "beyond", UPPER_BOUND: "before"}
-KIND_OF = {word: kind for kind, word in HOW.items()}
-
-
-def cold_compute_to_reach(curve: list[tuple[float, float]], target: float) -> tuple[float, str]:
-    """The compute at which a cold curve ``[(compute, bits per byte), …]`` reaches ``target``:
-    linear interpolation of bits per byte in ``log(compute)`` between the first two budgets
-    around it (the curve taken as its running minimum, so it never rises). Returns
-    ``(compute, how)``: ``"interpolated"``, or ``"beyond"`` (never reached: the largest compute,
-    a lower bound) or ``"before"`` (reached before the smallest budget: the smallest compute,
-    an upper bound)."""
-    found = multiplier(curve, target, 1.0)              # the cold compute, whatever the explicit run's
-    return found.cold_compute, HOW[found.kind]
-
-
-def multiplier_text(multiplier: float, how: str) -> str:
-    """A multiplier as the tables print it (:func:`saffu.eval.race.bound_text` of its kind)."""
-    return bound_text(multiplier, KIND_OF[how])
 
 
 def share_of_steps_to_cold(row: dict, rows: list[dict]) -> float | None:
@@ -295,21 +280,20 @@ def report(out: Path, write: bool = True, also: tuple[Path, ...] = ()) -> dict:
         row["architecture_name"] = ARCHITECTURE_NAMES[row["architecture"]]
         cold = cold_curve(rows, row["width"], row["vocab_size"], cold_of(row["start"]))
         if row["start"] in EXPLICIT and cold:
-            need, how = cold_compute_to_reach(cold, row["dev_bpb"])
-            row.update(cold_compute_to_match=need, multiplier=need / row["compute"], multiplier_is=how)
-            row["multiplier_text"] = multiplier_text(row["multiplier"], how)
+            found = multiplier(cold, row["dev_bpb"], row["compute"])
+            row.update(cold_compute_to_match=found.cold_compute, multiplier=found.value, multiplier_is=HOW[found.kind],
+                       multiplier_text=bound_text(found.value, found.kind))
         if row["start"] in EXPLICIT:
             row["share_of_steps_to_cold"] = share_of_steps_to_cold(row, rows)
     lines = ["| V | width | epochs | start | seed | lr | dev bits/byte | train loss (nats) | dev windows (nats) | "
              "seconds (solve) | compute (FLOPs) | multiplier | steps to cold's loss |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
-        multiplier = row.get("multiplier_text", "–")
         lines.append(f"| {row['vocab_size']:,} | {row['width']} | {row['epochs']} | {row['start']} | {row['seed']} | "
                      f"{row['learning_rate']:g}{'' if row['at_probed_rate'] else ' (not its probe’s)'} | "
                      f"{row['dev_bpb']:.4f} | {row['train_loss']:.3f} | {row['last_dev_window_loss']:.3f} | "
-                     f"{row['train_seconds']:,.0f} "
-                     f"({row['solve_seconds']:,.0f}) | {row['compute']:.3e} | {multiplier} | {_share(row)} |")
+                     f"{row['train_seconds']:,.0f} ({row['solve_seconds']:,.0f}) | {row['compute']:.3e} | "
+                     f"{row.get('multiplier_text', '–')} | {_share(row)} |")
     table = "\n".join(lines)
     print(table)
     probes = probe_choices()
