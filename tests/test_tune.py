@@ -40,21 +40,23 @@ def test_a_fresh_clone_reports_the_recorded_runs_unchanged(project):
 
 def test_a_run_made_here_joins_the_recorded_ones(project):
     """A finished run folder of a budget (its ``result.json`` and metrics) is read from the
-    folder and enters its start's budget; the recorded runs stay."""
-    before = json.loads(RECORD.read_text())["figures"]
-    name = "llama-cold-nobias/4ep_le0.00375_we0.9_dr0"
-    assert name not in {r["name"] for r in before["starts"]["llama-cold-nobias"]["budgets"]["4"]["runs"]}
-    run = project / "runs" / "tune" / "runs" / name
+    folder and enters its start's budget beside the recorded runs: the record, less the best
+    four-epoch cold run, and that run's folder here give the same budget with the folder's figure."""
+    record = json.loads(RECORD.read_text())
+    budget = record["figures"]["starts"]["llama-cold-nobias"]["budgets"]["4"]
+    best = min(budget["runs"], key=lambda r: r["dev_bpb"])
+    budget["runs"].remove(best)
+    (project / "results" / "tuning.json").write_text(json.dumps(record))
+    run = project / "runs" / "tune" / "runs" / best["name"]
     run.mkdir(parents=True)
-    (run / "result.json").write_text(json.dumps({"dev_bpb": 1.5, "dev_loss": 3.9, "steps": 1828, "flops": 1e14,
-                                                 "dev_whole_split": True}))
-    (run / "metrics.jsonl").write_text(json.dumps({"step": 1828, "seconds": 2000.0, "train_loss": 3.8,
+    (run / "result.json").write_text(json.dumps({"dev_bpb": 1.5, "dev_loss": 3.9, "steps": best["steps"],
+                                                 "flops": best["flops"], "dev_whole_split": True}))
+    (run / "metrics.jsonl").write_text(json.dumps({"step": best["steps"], "seconds": 2000.0, "train_loss": 3.8,
                                                    "dev_loss": 3.95}) + "\n")
-    after = report(project)
-    runs = {r["name"]: r for r in after["starts"]["llama-cold-nobias"]["budgets"]["4"]["runs"]}
-    recorded = before["starts"]["llama-cold-nobias"]["budgets"]["4"]["runs"]
-    assert runs[name]["dev_bpb"] == 1.5 and len(runs) == len(recorded) + 1
-    # the best four-epoch cold run now sits at the lowest rate: the budget grows below it, unchosen
-    assert after["starts"]["llama-cold-nobias"]["budgets"]["4"]["chosen"] is None
-    cold = next(r for r in after["race"]["llama-explicit-nobias"] if r["epochs"] == 4)
-    assert [bpb for compute, bpb in cold["cold_curve"] if bpb == 1.5] == [1.5]
+    after = report(project)["starts"]["llama-cold-nobias"]["budgets"]["4"]
+    runs = {r["name"]: r for r in after["runs"]}
+    assert runs[best["name"]]["dev_bpb"] == 1.5 and len(runs) == len(budget["runs"]) + 1
+    assert after["chosen"]["learning_rate"] == best["learning_rate"]
+    race = json.loads((project / "results" / "tuning.json").read_text())["figures"]["race"]
+    four = next(r for r in race["llama-explicit-nobias"] if r["epochs"] == 4)
+    assert 1.5 in [bpb for _, bpb in four["cold_curve"]]
