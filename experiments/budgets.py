@@ -163,12 +163,17 @@ NAME = re.compile(r"(?P<start>[a-z0-9-]+)_e(?P<epochs>\d+)_w(?P<width>\d+)_s(?P<
 HOW = {MEASURED: "interpolated", LOWER_BOUND: "beyond", UPPER_BOUND: "before"}
 
 
+def _cold_run(row: dict, rows: list[dict]) -> dict | None:
+    """The cold run of ``row``'s budget (vocabulary, width, epochs, seed) with a curve, or None."""
+    return next((r for r in rows if r["start"] == cold_of(row["start"]) and r.get("curve") and
+                 all(r[k] == row[k] for k in ("vocab_size", "width", "epochs", "seed"))), None)
+
+
 def share_of_steps_to_cold(row: dict, rows: list[dict]) -> float | None:
     """The share of an explicit run's steps it took to reach the final periodic dev loss of the
     cold run of the same budget (vocabulary, width, epochs, seed), read off both runs' curves of
     the same dev windows; ``None`` when a curve is missing or the run never got there."""
-    cold = next((r for r in rows if r["start"] == cold_of(row["start"]) and r.get("curve") and
-                 all(r[k] == row[k] for k in ("vocab_size", "width", "epochs", "seed"))), None)
+    cold = _cold_run(row, rows)
     if cold is None or not row.get("curve"):
         return None
     step = steps_to_reach(row["curve"], cold["curve"][-1][1])
@@ -293,7 +298,7 @@ def report(out: Path, write: bool = True, also: tuple[Path, ...] = ()) -> dict:
                      f"{row['learning_rate']:g}{'' if row['at_probed_rate'] else ' (not its probe’s)'} | "
                      f"{row['dev_bpb']:.4f} | {row['train_loss']:.3f} | {row['last_dev_window_loss']:.3f} | "
                      f"{row['train_seconds']:,.0f} ({row['solve_seconds']:,.0f}) | {row['compute']:.3e} | "
-                     f"{row.get('multiplier_text', '–')} | {_share(row)} |")
+                     f"{row.get('multiplier_text', '–')} | {_share(row, rows)} |")
     table = "\n".join(lines)
     print(table)
     probes = probe_choices()
@@ -307,11 +312,12 @@ def report(out: Path, write: bool = True, also: tuple[Path, ...] = ()) -> dict:
     return {"rows": rows, "table": table}
 
 
-def _share(row: dict) -> str:
-    if row["start"] not in EXPLICIT:
+def _share(row: dict, rows: list[dict]) -> str:
+    """The table's steps to cold's loss: a share, "not reached", or "–" (no curve, or no cold run of the budget)."""
+    if row["start"] not in EXPLICIT or not row.get("curve") or _cold_run(row, rows) is None:
         return "–"
     share = row.get("share_of_steps_to_cold")
-    return "not reached" if share is None and row.get("curve") else ("–" if share is None else f"{share:.0%}")
+    return "not reached" if share is None else f"{share:.0%}"
 
 
 def _plot(rows: list[dict], path: Path) -> str:
