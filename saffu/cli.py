@@ -463,11 +463,23 @@ def cmd_inspect(args) -> dict:
     return {"weights": which, **metrics}
 
 
+def cmd_device_check(args) -> dict:
+    from saffu.eval.device import device_check
+    check = config_from_args(configs.DeviceCheckConfig, args,
+                             [f.name for f in dataclasses.fields(configs.DeviceCheckConfig)])
+    metrics = device_check(args.workdir, check, args.out)
+    if not metrics["pass"]:
+        write_metrics(args.metrics_json, metrics)
+        raise SaffuError(f"the device check failed: {metrics['failed']} (see {args.out / 'device_check.json'})")
+    return metrics
+
+
 COMMANDS = {"prepare": cmd_prepare, "stats": cmd_stats, "fit": cmd_fit, "factorise": cmd_factorise,
             "exact": cmd_exact, "train": cmd_train, "eval": cmd_eval, "pack": cmd_pack,
             "init-weights": cmd_init_weights, "export": cmd_export, "blimp": cmd_blimp, "harness": cmd_harness,
             "sweep": cmd_sweep, "ngram": cmd_ngram,
-            "generate": cmd_generate, "inspect": cmd_inspect, "download": cmd_download, "demo": cmd_demo}
+            "generate": cmd_generate, "inspect": cmd_inspect, "download": cmd_download, "demo": cmd_demo,
+            "device-check": cmd_device_check}
 
 
 def build_parser() -> argparse.ArgumentParser:

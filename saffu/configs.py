@@ -1089,3 +1089,48 @@ class StartConfig:
 
 FIELD_CHOICES.update({(StartConfig, "init"): INIT_KINDS, (StartConfig, "model"): MODEL_KINDS,
                       (StartConfig, "explicit_pieces"): EXPLICIT_PIECES, (StartConfig, "grow_by"): GROW_BY})
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceCheckConfig:
+    """The device check's sizes, reference and tolerances (:func:`saffu.eval.device.device_check`).
+
+    Attributes:
+      train_tokens: cut the training split to about this many tokens (whole documents, seeded; default: all of it)
+      dev_tokens: with --train-tokens, the dev split size of the cut
+      steps: training steps per compute dtype
+      batch_size: training windows per step
+      seq_len: targets per training window
+      eval_windows: dev windows of the dev-loss evaluation
+      bits: cipher bits
+      radius: offsets M (SAFFU radius)
+      chunk_sizes: statistics chunk sizes
+      repeats: statistics passes per chunk size, the fastest kept
+      solve_chunk_size: chunk size of the solver's passes
+      holdout_tokens: solver calibration holdout (at most a tenth of the training stream)
+      reference: device_check.json of a reference run of the same settings (usually a CPU's)
+      rtol: relative tolerance of the holdout and float32 dev losses
+      bf16_rtol: relative tolerance of the bfloat16 dev loss
+    """
+
+    train_tokens: int | None = None
+    dev_tokens: int = 100_000
+    steps: int = 100
+    batch_size: int = TrainConfig.batch_size
+    seq_len: int = TrainConfig.seq_len
+    eval_windows: int = TrainConfig.eval_windows
+    bits: int = 128
+    radius: int = 8
+    chunk_sizes: tuple[int, ...] = (1 << 12, 1 << 15, 1 << 17)
+    repeats: int = 2
+    solve_chunk_size: int = SolverConfig.chunk_size
+    holdout_tokens: int = SolverConfig.holdout_tokens
+    reference: str | None = None
+    rtol: float = 1e-3
+    bf16_rtol: float = 1e-2
+
+    def __post_init__(self):
+        if not self.chunk_sizes or min(self.chunk_sizes) < 1:
+            raise SaffuError(f"--chunk-sizes must be positive, got {self.chunk_sizes}")
+        if self.steps < 1 or self.repeats < 1:
+            raise SaffuError("--steps and --repeats must be at least 1")

@@ -621,11 +621,25 @@ def _demo_flags(p) -> None:
     p.set_defaults(bits=configs.DemoConfig.bits)
 
 
+def _device_check_flags(p) -> None:
+    """throughput and agreement of statistics, solve and training on this backend (CPU, GPU, TPU)
+
+    Time the statistics pass at each chunk size (exact counts must not depend on it), the explicit
+    SAFFU solve and warm-start training in float32 and bfloat16; with --reference (the
+    device_check.json of the same check, usually a CPU's) check counts bit for bit and losses within
+    tolerances, one PASS/FAIL line per item. Writes OUT/device_check.json; the exit status is 2 if
+    any item fails. See docs/reliability.md."""
+    p.add_argument("--workdir", type=Path, required=True, help="prepared work directory")
+    p.add_argument("--out", type=Path, default=Path("runs/device_check"), help="output folder")
+    add_config_flags(p, configs.DeviceCheckConfig, [f.name for f in dataclasses.fields(configs.DeviceCheckConfig)])
+
+
 COMMAND_FLAGS = {"prepare": _prepare_flags, "stats": _stats_flags, "fit": _fit_flags, "factorise": _factorise_flags,
                  "exact": _exact_flags, "train": _train_flags, "eval": _eval_flags, "pack": _pack_flags,
                  "init-weights": _init_weights_flags, "export": _export_flags, "blimp": _blimp_flags,
                  "harness": _harness_flags, "sweep": _sweep_flags, "ngram": _ngram_flags, "generate": _generate_flags,
-                 "inspect": _inspect_flags, "download": _download_flags, "demo": _demo_flags}
+                 "inspect": _inspect_flags, "download": _download_flags, "demo": _demo_flags,
+                 "device-check": _device_check_flags}
 
 #: What each writing command writes into: ``(flag, attribute, a directory?)``; the command
 #: holds that directory's write lock (an ARPA file: its folder's) for the whole run.

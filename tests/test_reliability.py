@@ -1,6 +1,7 @@
 """Reliability guarantees (docs/reliability.md): interrupted runs, determinism, damaged
 checkpoints, fuzzed inputs."""
 
+import json
 import subprocess
 import sys
 import time
@@ -144,3 +145,30 @@ def test_resuming_with_another_model_shape_is_refused(tiny_workdir, tmp_path):
     with pytest.raises(SaffuError, match="another model"):
         train(other, init_params(other, jax.random.key(0)), stream, TrainConfig(steps=4, batch_size=2, seq_len=16),
               tmp_path / "run", progress=False)
+
+
+@pytest.mark.slow
+def test_device_check_passes_against_itself_and_names_a_count_that_differs(tmp_path, tiny_workdir, capsys):
+    """``saffu device-check`` on this backend against a reference made by the same check passes
+    every item (counts bit for bit, losses within tolerance); a reference whose offset counts differ
+    fails that item, exits 2 and names it."""
+    from saffu.cli import main
+    sizes = ["--workdir", str(tiny_workdir.path), "--steps", "2", "--batch-size", "2", "--seq-len", "8",
+             "--eval-windows", "2", "--bits", "16", "--radius", "2", "--chunk-sizes", "16", "64",
+             "--repeats", "1", "--holdout-tokens", "32", "--solve-chunk-size", "64", "--quiet"]
+    assert main(["device-check", *sizes, "--out", str(tmp_path / "ref")]) == 0
+    reference = tmp_path / "ref" / "device_check.json"
+    assert main(["device-check", *sizes, "--out", str(tmp_path / "same"), "--reference", str(reference),
+                 "--metrics-json", str(tmp_path / "same.json")]) == 0
+    same = json.loads((tmp_path / "same.json").read_text())
+    assert same["pass"] and same["reference_pass"] and same["counts_identical"]
+    assert same["reference_offsets_counts"] and same["reference_float32_dev_loss"]
+    record = json.loads(reference.read_text())
+    record["statistics"]["offsets_sha256"] = "0" * 64
+    reference.write_text(json.dumps(record))
+    capsys.readouterr()
+    assert main(["device-check", *sizes, "--out", str(tmp_path / "other"), "--reference", str(reference),
+                 "--metrics-json", str(tmp_path / "other.json")]) == 2
+    other = json.loads((tmp_path / "other.json").read_text())
+    assert not other["pass"] and other["failed"] == "offsets_counts"
+    assert "FAIL  offsets_counts" in capsys.readouterr().out

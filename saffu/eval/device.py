@@ -1,48 +1,38 @@
-"""Device check: throughput and agreement of the pipeline on whatever JAX runs on (CPU, GPU, TPU).
+"""The device check (``saffu device-check``): throughput and agreement of the pipeline's three
+costly parts on whatever JAX runs on (CPU, GPU, TPU), against a reference run of the same check,
+usually made on a CPU (docs/reliability.md, "Running on an accelerator")::
 
-One short script for a machine with an accelerator, that also runs on a CPU (with a smaller
-subset) so its figures can serve as the reference:
-
-    python experiments/device_check.py --workdir runs/babylm --train-tokens 200000 --steps 20 \\
-        --batch-size 8 --eval-windows 64 --holdout-tokens 4096 --out runs/device_check_cpu
-    python experiments/device_check.py --workdir runs/babylm --train-tokens 200000 --steps 20 \\
-        --batch-size 8 --eval-windows 64 --holdout-tokens 4096 --out runs/device_check_gpu \\
-        --reference runs/device_check_cpu/device_check.json [--metrics-json m.json]
-
-(about 3 minutes on 2 CPU cores; without ``--train-tokens`` and with the default training
-sizes it measures at full size, for an accelerator). See docs/reliability.md, "Running on an
-accelerator".
+    saffu device-check --workdir runs/babylm --train-tokens 200000 --steps 20 --batch-size 8 \\
+        --eval-windows 64 --holdout-tokens 4096 --out runs/device_check_cpu
+    saffu device-check --workdir runs/babylm --train-tokens 200000 --steps 20 --batch-size 8 \\
+        --eval-windows 64 --holdout-tokens 4096 --out runs/device_check_gpu \\
+        --reference runs/device_check_cpu/device_check.json
 
 It measures and prints:
 
 1. the backend, its devices and the jax version;
-2. statistics throughput: the first solver pass (unigram counts and offset co-occurrences
-   over the sparse bit cipher) over the training stream, for each ``--chunk-sizes`` (the
-   wall time includes the compilation, measured apart by a one-chunk pass), and checks that
-   the exact integer counts are identical for every chunk size (sha256 of the int64 states);
-3. the explicit SAFFU solve: its seconds, the seconds of every stage, the block-0 holdout loss;
-4. warm-start training from the solved parameters, float32 and bfloat16 compute, the same
+2. statistics throughput: the first solver pass (unigram counts and offset co-occurrences over
+   the sparse bit cipher) over the training stream for each chunk size (the wall time includes
+   the compilation, measured apart by a one-chunk pass), and whether the exact integer counts
+   are identical for every chunk size (sha256 of the int64 states);
+3. the explicit SAFFU solve: its seconds, every stage's seconds, the block-0 holdout loss;
+4. warm-start training from the solved parameters in float32 and bfloat16 compute, the same
    steps: tokens/s, seconds, dev loss, and the dev-loss difference between the two;
-5. with ``--reference`` (a ``device_check.json`` of this script, same settings, usually from
-   a CPU): counts must be bit-identical (checksums), the holdout and float32 dev losses
-   within ``--rtol`` (relative), the bfloat16 dev loss within ``--bf16-rtol``. One PASS/FAIL
-   line per item; the exit status is 1 if any item fails.
+5. against a reference: counts bit-identical (checksums), the holdout and float32 dev losses
+   within ``rtol`` (relative), the bfloat16 dev loss within ``bf16_rtol``; one PASS/FAIL line
+   per item.
 
-``--train-tokens`` (and ``--dev-tokens``) cut the work directory with
-:func:`saffu.data.workdir.subset_workdir` (whole documents, seeded, into ``OUT/workdir``), so
-a CPU run stays short. Outputs: ``OUT/device_check.json`` (everything, nested) and, with
-``--metrics-json``, a flat dict of the figures.
+``train_tokens`` cuts the work directory (:func:`saffu.data.workdir.subset_workdir`: whole
+documents, seeded, into ``OUT/workdir``), so a CPU run stays short (about 3 minutes on 2 cores).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import math
 import os
 import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -50,78 +40,17 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from saffu._io import SaffuError, atomic_write_json, write_metrics
-from saffu.configs import SaffuConfig, SolverConfig, TrainConfig
+from saffu._io import SaffuError, atomic_write_json
+from saffu.configs import DeviceCheckConfig, SaffuConfig, SolverConfig, TrainConfig
 from saffu.data.workdir import open_workdir, subset_workdir
 from saffu.engine.accumulators import accumulate_states, offset_cooccurrence, unigram_counts
 from saffu.engine.codes import sparse_bit_cipher
-from saffu.flags import script_options
 from saffu.solve.stack import solve_explicit
 from saffu.training.trainer import train
 
 #: Settings that must match between a run and its ``--reference`` for the comparison to mean anything.
 SETTINGS = ("train_tokens", "dev_tokens", "bits", "radius", "steps", "batch_size", "seq_len",
             "eval_windows", "solve_chunk_size", "holdout_tokens", "vocab_size", "train_stream_tokens")
-
-
-def chunk_sizes(text: str) -> tuple[int, ...]:
-    """``4096,1<<15`` -> ``(4096, 32768)``."""
-    sizes = []
-    for part in text.split(","):
-        base, _, shift = part.partition("<<")
-        sizes.append(int(base) << int(shift or 0))     # a ValueError: a usage error
-    return tuple(sizes)
-
-
-@dataclasses.dataclass
-class Options:
-    """The device check's sizes, reference and tolerances.
-
-    Attributes:
-      workdir: prepared work directory
-      train_tokens: cut the training split to about this many tokens (subset_workdir); default: all
-      dev_tokens: with --train-tokens: dev split size of the subset
-      steps: training steps per compute dtype
-      batch_size: training windows per step
-      seq_len: targets per training window
-      eval_windows: dev windows of the dev-loss evaluation
-      bits: cipher bits
-      radius: offsets M (SAFFU radius)
-      chunk_sizes: statistics chunk sizes, comma-separated ('1<<15' is accepted)
-      repeats: statistics passes per chunk size, the fastest kept
-      solve_chunk_size: chunk size of the solver's passes
-      holdout_tokens: solver calibration holdout (at most a tenth of the training stream)
-      out: output folder
-      reference: device_check.json of a reference run (same settings)
-      rtol: relative tolerance of the holdout and float32 dev losses
-      bf16_rtol: relative tolerance of the bfloat16 dev loss
-      metrics_json: flat JSON of the figures
-    """
-
-    workdir: Path = dataclasses.field(metadata={"required": True})
-    train_tokens: int | None = None
-    dev_tokens: int = 100_000
-    steps: int = 100
-    batch_size: int = TrainConfig.batch_size
-    seq_len: int = TrainConfig.seq_len
-    eval_windows: int = TrainConfig.eval_windows
-    bits: int = 128
-    radius: int = 8
-    chunk_sizes: tuple[int, ...] = dataclasses.field(default=(1 << 12, 1 << 15, 1 << 17),
-                                                     metadata={"type": chunk_sizes})
-    repeats: int = 2
-    solve_chunk_size: int = SolverConfig.chunk_size
-    holdout_tokens: int = SolverConfig.holdout_tokens
-    out: Path = Path("runs/device_check")
-    reference: Path | None = None
-    rtol: float = 1e-3
-    bf16_rtol: float = 1e-2
-    metrics_json: Path | None = None
-
-
-def _check(options: Options) -> None:
-    if min(options.chunk_sizes) < 1:
-        raise SaffuError("chunk sizes must be positive")
 
 
 def sha256_int64(*arrays) -> str:
@@ -142,6 +71,7 @@ def scalar(value):
 
 
 def backend_info() -> dict:
+    """The backend, its devices, the jax and Python versions, the host and the matmul precision."""
     devices = jax.devices()
     info = {"backend": jax.default_backend(), "devices": [str(d) for d in devices],
             "device_count": len(devices), "device_kind": devices[0].device_kind,
@@ -204,6 +134,7 @@ def statistics(stream: np.ndarray, vocab_size: int, bits: int, radius: int, chun
 
 
 def solve(workdir, config: SaffuConfig, chunk_size: int, holdout_tokens: int):
+    """The explicit solve of ``config`` over ``workdir``: ``(params, its report with wall seconds)``."""
     tick = time.perf_counter()
     params, report = solve_explicit(workdir, config, SolverConfig(chunk_size=chunk_size, holdout_tokens=holdout_tokens),
                                     progress=False)
@@ -217,9 +148,11 @@ def solve(workdir, config: SaffuConfig, chunk_size: int, holdout_tokens: int):
     return params, record
 
 
-def training(config: SaffuConfig, params, workdir, args, dtype: str, out: Path) -> dict:
-    train_config = TrainConfig(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len,
-                               eval_every=args.steps, checkpoint_every=args.steps, eval_windows=args.eval_windows,
+def training(config: SaffuConfig, params, workdir, check: DeviceCheckConfig, dtype: str, out: Path) -> dict:
+    """``check.steps`` of warm-start training from ``params`` in ``dtype`` compute, in a fresh
+    folder under ``out``: its tokens/s, seconds and dev loss before and after."""
+    train_config = TrainConfig(steps=check.steps, batch_size=check.batch_size, seq_len=check.seq_len,
+                               eval_every=check.steps, checkpoint_every=check.steps, eval_windows=check.eval_windows,
                                compute_dtype=dtype)
     with tempfile.TemporaryDirectory(dir=out, prefix=f"train_{dtype}_") as run_dir:   # fresh: never resumes
         tick = time.perf_counter()
@@ -228,7 +161,7 @@ def training(config: SaffuConfig, params, workdir, args, dtype: str, out: Path) 
         jax.block_until_ready(trained)
         wall = time.perf_counter() - tick
     last = history[-1]
-    record = {"compute_dtype": dtype, "steps": args.steps, "wall_seconds": wall,
+    record = {"compute_dtype": dtype, "steps": check.steps, "wall_seconds": wall,
               "tokens_per_s": last["tokens_per_s"], "seconds": last["seconds"], "dev_loss": last["dev_loss"],
               "train_loss": last["train_loss"], "dev_loss_step0": history[0]["dev_loss"],
               "skipped_steps": last["skipped_steps"],
@@ -239,6 +172,7 @@ def training(config: SaffuConfig, params, workdir, args, dtype: str, out: Path) 
 
 
 def relative(a: float, b: float) -> float:
+    """``|a - b| / |b|``."""
     return abs(a - b) / max(abs(b), 1e-12)
 
 
@@ -270,6 +204,7 @@ def compare(result: dict, reference: dict, rtol: float, bf16_rtol: float) -> lis
 
 
 def flat_metrics(result: dict) -> dict:
+    """The nested ``device_check.json`` record as one flat dict of figures (``--metrics-json``)."""
     flat = {"backend": result["device"]["backend"], "device_kind": result["device"]["device_kind"],
             "device_count": result["device"]["device_count"], "jax_version": result["device"]["jax_version"],
             "train_tokens": result["settings"]["train_stream_tokens"],
@@ -291,61 +226,66 @@ def flat_metrics(result: dict) -> dict:
     return flat
 
 
-def main(argv=None) -> int:
-    args = script_options(Options, argv, __doc__.splitlines()[0], check=_check)
+def device_check(workdir: str | Path, check: DeviceCheckConfig, out: str | Path) -> dict:
+    """Run the device check of ``workdir`` at ``check``'s sizes, write ``OUT/device_check.json``
+    (everything, nested) and return its figures as a flat dict (``pass``: every item passed;
+    ``failed``: the items that did not, comma-separated)."""
     start = time.perf_counter()
-    out = args.out.resolve()
+    out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     reference = None
-    if args.reference is not None:   # read first: a wrong path fails before the work
-        reference = json.loads(args.reference.read_text())
+    if check.reference is not None:   # read first: a wrong path fails before the work
+        try:
+            reference = json.loads(Path(check.reference).read_text())
+        except (OSError, ValueError) as err:
+            raise SaffuError(f"--reference {check.reference}: not a readable device_check.json ({err})") from None
 
     load_before = os.getloadavg()[0]
     info = backend_info()
     print(f"backend {info['backend']} ({info['device_kind']}), {info['device_count']} device(s): "
           f"{', '.join(info['devices'])}; jax {info['jax_version']}", flush=True)
 
-    workdir = open_workdir(args.workdir)
-    if args.train_tokens is not None:
+    data = open_workdir(workdir)
+    if check.train_tokens is not None:
         tick = time.perf_counter()
-        workdir = subset_workdir(workdir, out / "workdir", train_tokens=args.train_tokens, dev_tokens=args.dev_tokens)
-        print(f"subset of {args.workdir}: {out / 'workdir'} ({time.perf_counter() - tick:.1f} s)", flush=True)
-    stream = np.asarray(workdir.tokens(workdir.train_split))
-    V = workdir.vocab_size
-    settings = {"workdir": str(args.workdir), "train_tokens": args.train_tokens,
-                "dev_tokens": args.dev_tokens if args.train_tokens is not None else None,
-                "train_stream_tokens": len(stream), "vocab_size": V, "bits": args.bits, "radius": args.radius,
-                "steps": args.steps, "batch_size": args.batch_size, "seq_len": args.seq_len,
-                "eval_windows": args.eval_windows, "chunk_sizes": args.chunk_sizes,
-                "solve_chunk_size": args.solve_chunk_size, "holdout_tokens": args.holdout_tokens}
+        data = subset_workdir(data, out / "workdir", train_tokens=check.train_tokens, dev_tokens=check.dev_tokens)
+        print(f"subset of {workdir}: {out / 'workdir'} ({time.perf_counter() - tick:.1f} s)", flush=True)
+    stream = np.asarray(data.tokens(data.train_split))
+    V = data.vocab_size
+    settings = {"workdir": str(workdir), "train_tokens": check.train_tokens,
+                "dev_tokens": check.dev_tokens if check.train_tokens is not None else None,
+                "train_stream_tokens": len(stream), "vocab_size": V, "bits": check.bits, "radius": check.radius,
+                "steps": check.steps, "batch_size": check.batch_size, "seq_len": check.seq_len,
+                "eval_windows": check.eval_windows, "chunk_sizes": check.chunk_sizes,
+                "solve_chunk_size": check.solve_chunk_size, "holdout_tokens": check.holdout_tokens}
     result = {"device": info, "settings": settings, "train_stream_sha256": sha256_int64(stream)}
-    print(f"{len(stream):,} training tokens, V={V}, bits={args.bits}, radius={args.radius}", flush=True)
+    print(f"{len(stream):,} training tokens, V={V}, bits={check.bits}, radius={check.radius}", flush=True)
 
     print("statistics (unigram + offset co-occurrences):", flush=True)
-    result["statistics"] = statistics(stream, V, args.bits, args.radius, args.chunk_sizes, args.repeats)
+    result["statistics"] = statistics(stream, V, check.bits, check.radius, check.chunk_sizes, check.repeats)
     print(f"  counts identical across chunk sizes: {result['statistics']['counts_identical']}; "
           f"best chunk size {result['statistics']['best_chunk_size']}", flush=True)
 
-    config = SaffuConfig(vocab_size=V, bits=args.bits, radius=args.radius)
-    print(f"explicit solve (chunk size {args.solve_chunk_size}):", flush=True)
-    params, result["solve"] = solve(workdir, config, args.solve_chunk_size, args.holdout_tokens)
+    config = SaffuConfig(vocab_size=V, bits=check.bits, radius=check.radius)
+    print(f"explicit solve (chunk size {check.solve_chunk_size}):", flush=True)
+    params, result["solve"] = solve(data, config, check.solve_chunk_size, check.holdout_tokens)
 
-    print(f"warm-start training, {args.steps} steps of {args.batch_size}x{args.seq_len} tokens:", flush=True)
-    result["train"] = {dtype: training(config, params, workdir, args, dtype, out) for dtype in ("float32", "bfloat16")}
+    print(f"warm-start training, {check.steps} steps of {check.batch_size}x{check.seq_len} tokens:", flush=True)
+    result["train"] = {dtype: training(config, params, data, check, dtype, out) for dtype in ("float32", "bfloat16")}
     difference = result["train"]["bfloat16"]["dev_loss"] - result["train"]["float32"]["dev_loss"]
     result["train_bf16_minus_f32_dev_loss"] = difference
     result["train_bf16_speedup"] = (result["train"]["bfloat16"]["tokens_per_s"]
                                     / result["train"]["float32"]["tokens_per_s"])
     print(f"  bf16 - f32 dev loss {difference:+.6f}; bf16/f32 tokens/s {result['train_bf16_speedup']:.2f}", flush=True)
 
-    failed = not result["statistics"]["counts_identical"]
-    print(f"{'PASS' if not failed else 'FAIL'}  counts_identical_across_chunk_sizes (and repeats; unigram total = "
+    failed = [] if result["statistics"]["counts_identical"] else ["counts_identical_across_chunk_sizes"]
+    print(f"{'FAIL' if failed else 'PASS'}  counts_identical_across_chunk_sizes (and repeats; unigram total = "
           f"targets)", flush=True)
     if reference is not None:
-        result["reference"] = {"path": str(args.reference), "device": reference["device"],
-                               "rtol": args.rtol, "bf16_rtol": args.bf16_rtol}
-        result["comparison"] = compare(result, reference, args.rtol, args.bf16_rtol)
-        print(f"against {args.reference} ({reference['device']['backend']}, "
+        result["reference"] = {"path": str(check.reference), "device": reference["device"],
+                               "rtol": check.rtol, "bf16_rtol": check.bf16_rtol}
+        result["comparison"] = compare(result, reference, check.rtol, check.bf16_rtol)
+        print(f"against {check.reference} ({reference['device']['backend']}, "
               f"{reference['device']['device_kind']}):", flush=True)
         for c in result["comparison"]:
             print(f"{'PASS' if c['pass'] else 'FAIL'}  {c['item']}: {c['detail']}", flush=True)
@@ -356,17 +296,12 @@ def main(argv=None) -> int:
                       else reference["train"][name.split()[1]]["tokens_per_s"])
             print(f"      {name} tokens/s: {ours:,.0f} vs reference {theirs:,.0f} ({ours / theirs:.1f}x)")
         result["reference_pass"] = all(c["pass"] for c in result["comparison"])
-        failed = failed or not result["reference_pass"]
+        failed += [c["item"] for c in result["comparison"] if not c["pass"]]
     result["pass"] = not failed
     result["seconds"] = time.perf_counter() - start
     result["load_before"], result["load_after"] = load_before, os.getloadavg()[0]
     atomic_write_json(out / "device_check.json", result)
-    write_metrics(args.metrics_json, {**flat_metrics(result), "pass": result["pass"], "seconds": result["seconds"],
-                                      "load_before": load_before, "load_after": result["load_after"]})
-    print(f"{'PASS' if not failed else 'FAIL'} overall; {result['seconds']:.1f} s (load {load_before:.1f} -> "
+    print(f"{'FAIL' if failed else 'PASS'} overall; {result['seconds']:.1f} s (load {load_before:.1f} -> "
           f"{result['load_after']:.1f}); {out / 'device_check.json'}")
-    return 1 if failed else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return {**flat_metrics(result), "pass": result["pass"], "failed": ", ".join(failed),
+            "seconds": result["seconds"], "load_before": load_before, "load_after": result["load_after"]}
