@@ -11,6 +11,8 @@ For each model, in its own subprocess (so each peak RSS is that measurement's al
   included, is ``score_first_seconds``);
 * ``blimp``: :func:`saffu.eval.blimp.sentence_log_probs` of every good and bad sentence of the
   paradigm files, seconds after a compiling call, and the accuracy;
+* ``alternate`` (``--step-rounds``): the transformer's and the residual's training steps timed
+  alternately in one process, the same batches, so load drifts hit both alike;
 * with ``--before``: the same scoring through the previous paths (whole-window logits and a
   ``V``-wide log-softmax, 16 windows per call; BLiMP one sentence per row behind ``context``
   pads in power-of-two buckets), for the speed-ups.
@@ -57,7 +59,7 @@ class Options:
       eval_tokens: dev tokens scored (whole documents spread over the split; 0: the whole split)
       train_steps: timed training steps (after two compiling ones; the median is kept)
       step_rounds: with the transformer and the residual: their training steps timed alternately in
-        one process for this many rounds (experiments/bench_residual.py, with each one's peak RSS); 0: skip
+        one process for this many rounds; 0: skip
       rounds: measure every model this many times, the models interleaved round by round, and keep
         the medians (a shared machine's load drifts during a run)
       width: transformer width
@@ -132,39 +134,69 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+class Stepper:
+    """``kind``'s jitted training step (:class:`saffu.configs.TrainConfig`'s batch) over ``steps``
+    random windows of the training split; :meth:`step` runs the next one to completion."""
+
+    def __init__(self, kind: str, args, steps: int):
+        import jax.numpy as jnp
+        import numpy as np
+
+        from saffu.configs import TrainConfig
+        from saffu.data.windows import stack_windows
+        from saffu.training.trainer import StepStats, make_optimizer, make_train_step
+        config, params, workdir = _model(kind, args)
+        self.train, stream = TrainConfig(), workdir.tokens(workdir.train_split)
+        names = set(getattr(config, "fixed_params", ()))
+        self.fixed = {k: v for k, v in params.items() if k in names}
+        self.params = {k: v for k, v in params.items() if k not in names}
+        optimizer = make_optimizer(self.train, 1000)
+        self.opt_state, self.stats, self.count = optimizer.init(self.params), StepStats.zeros(), 0
+        self.function = make_train_step(config, optimizer, self.train)
+        rng, self.batches = np.random.default_rng(0), []
+        for _ in range(steps):
+            starts = rng.integers(1, len(stream) - self.train.seq_len, self.train.batch_size)
+            windows, mask = stack_windows(stream, starts, [len(stream)] * len(starts), config.context,
+                                          self.train.seq_len)
+            self.batches.append((jnp.asarray(windows), jnp.asarray(mask)))
+
+    def step(self) -> float:
+        """One step (to completion); its wall seconds."""
+        import jax
+        windows, mask = self.batches[self.count % len(self.batches)]
+        start = time.perf_counter()
+        self.params, self.opt_state, self.stats = self.function(self.params, self.opt_state, self.stats,
+                                                                jax.numpy.int32(self.count), windows, mask, self.fixed)
+        jax.block_until_ready(self.stats)
+        self.count += 1
+        return time.perf_counter() - start
+
+
 def measure_train(kind: str, args) -> dict:
     """Tokens/s and seconds per step of ``--train-steps`` steps after two compiling ones."""
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-
-    from saffu.configs import TrainConfig
-    from saffu.data.windows import stack_windows
-    from saffu.training.trainer import StepStats, make_optimizer, make_train_step
-    config, params, workdir = _model(kind, args)
-    train = TrainConfig()
-    stream = workdir.tokens(workdir.train_split)
-    names = set(getattr(config, "fixed_params", ()))
-    fixed = {k: v for k, v in params.items() if k in names}
-    params = {k: v for k, v in params.items() if k not in names}
-    optimizer = make_optimizer(train, 1000)
-    opt_state, stats = optimizer.init(params), StepStats.zeros()
-    step = make_train_step(config, optimizer, train)
-    rng = np.random.default_rng(0)
-    batches = []
-    for _ in range(args.train_steps + 2):
-        starts = rng.integers(1, len(stream) - train.seq_len, train.batch_size)
-        windows, mask = stack_windows(stream, starts, [len(stream)] * len(starts), config.context, train.seq_len)
-        batches.append((jnp.asarray(windows), jnp.asarray(mask)))
-    times = []
-    for i, (windows, mask) in enumerate(batches):
-        start = time.perf_counter()
-        params, opt_state, stats = step(params, opt_state, stats, jnp.int32(i), windows, mask, fixed)
-        jax.block_until_ready(stats)
-        times.append(time.perf_counter() - start)
-    seconds = float(np.median(times[2:]))
-    return {"train_step_s": seconds, "train_tokens_per_s": train.batch_size * train.seq_len / seconds,
+    stepper = Stepper(kind, args, args.train_steps + 2)
+    times = [stepper.step() for _ in stepper.batches]
+    seconds = statistics.median(times[2:])
+    return {"train_step_s": seconds, "train_tokens_per_s": stepper.train.batch_size * stepper.train.seq_len / seconds,
             "train_compile_s": times[0], "train_peak_rss_mb": _peak_rss_mb()}
+
+
+def measure_alternate(kind: str, args) -> dict:
+    """The transformer's and the residual's steps timed alternately in one process (``kind`` is
+    ``both``), ``--step-rounds`` rounds of one step each on the same batches after a compiling
+    and a warm step, so load drifts hit both alike."""
+    steppers = {name: Stepper(name, args, 4) for name in ("transformer", "residual")}
+    for stepper in steppers.values():
+        stepper.step(), stepper.step()
+    times = {name: [] for name in steppers}
+    for round_ in range(args.step_rounds):
+        for name in (steppers if round_ % 2 == 0 else reversed(steppers)):
+            times[name].append(steppers[name].step())
+    medians = {name: statistics.median(t) for name, t in times.items()}
+    return {"rounds": args.step_rounds, "step_seconds": times, "median_step_seconds": medians,
+            "min_step_seconds": {name: min(t) for name, t in times.items()},
+            "step_time_ratio": medians["residual"] / medians["transformer"],
+            "step_time_ratio_of_minima": min(times["residual"]) / min(times["transformer"])}
 
 
 def _old_loss():
@@ -255,8 +287,8 @@ def child(args) -> None:
     figures = {}
     for measurement in measurements.split(","):
         before = measurement.startswith("before_")
-        function = {"train": measure_train, "score": measure_score,
-                    "blimp": measure_blimp}[measurement.removeprefix("before_")]
+        function = {"train": measure_train, "score": measure_score, "blimp": measure_blimp,
+                    "alternate": measure_alternate}[measurement.removeprefix("before_")]
         figures.update(function(kind, args, before) if before else function(kind, args))
     print("RESULT " + json.dumps(figures), flush=True)
 
@@ -277,25 +309,8 @@ def _child_argv(args) -> list[str]:
     argv = ["--workdir", str(args.workdir), "--exact-run", str(args.exact_run), "--blimp-dir", str(args.blimp_dir),
             "--blimp-files", str(args.blimp_files), "--before-blimp-files", str(args.before_blimp_files),
             "--eval-tokens", str(args.eval_tokens), "--train-steps", str(args.train_steps),
-            "--width", str(args.width), "--layers", str(args.layers)]
+            "--width", str(args.width), "--layers", str(args.layers), "--step-rounds", str(args.step_rounds)]
     return argv
-
-
-def _alternating_steps(args) -> dict:
-    """``experiments/bench_residual.py``: the transformer's and the residual's training steps
-    timed alternately in one process (``--step-rounds`` rounds, the same batches), and each
-    one's peak RSS in a process of its own; its figures."""
-    import tempfile
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "steps.json"
-        command = [sys.executable, str(ROOT / "experiments" / "bench_residual.py"), "--workdir", str(args.workdir),
-                   "--exact-run", str(args.exact_run), "--width", str(args.width), "--layers", str(args.layers),
-                   "--rounds", str(args.step_rounds), "--metrics-json", str(out)]
-        done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
-        if done.returncode or not out.exists():
-            sys.stderr.write(done.stderr[-4000:])
-            raise SystemExit(f"bench_residual.py failed (exit {done.returncode})")
-        return json.loads(out.read_text())
 
 
 def _ratio(a, b):
@@ -358,7 +373,10 @@ def main(argv=None) -> dict:
             row["before_score_vs_train"] = _ratio(row.get("before_score_tokens_per_s"), reference)
             row["before_blimp_vs_train"] = _ratio(row.get("before_blimp_tokens_per_s"), reference)
     if "residual" in figures and "transformer" in figures and args.step_rounds:
-        figures["residual_step"] = _alternating_steps(args)
+        # each one's peak RSS is its training process's: building, compiling and stepping that model alone
+        rss = {kind: figures[kind]["train_peak_rss_mb"] / 1024 for kind in ("residual", "transformer")}
+        figures["residual_step"] = {**_run_child("both", "alternate", argv), "peak_rss_gb": rss,
+                                    "peak_rss_extra_gb": rss["residual"] - rss["transformer"]}
         print(f"  alternating training steps done  (load {os.getloadavg()[0]:.1f})", flush=True)
     if "residual" in figures and "transformer" in figures:
         residual, plain = figures["residual"], figures["transformer"]
