@@ -15,9 +15,11 @@ each, the same learning rate, batches and seed:
 
 With ``--grow``, the inherited model is then grown by the reference's next block
 (:func:`saffu.training.recipes.grow`) and trained one more epoch, until its full-dev loss
-is at or below the reference's or it has the reference's depth. Every stage is scored on the
-whole dev split and its attention profiled (:mod:`saffu.eval.attention`). Finished stages are
-skipped on a rerun, so several processes can share ``--out`` (say one variant per core).
+is at or below the reference's or it has the reference's depth. Every stage is a run spec of
+``saffu train`` (``--init inherit --reference R``, grown with ``--start-from``), run by
+:func:`saffu.runner.run` in ``OUT/runs/VARIANT_LN``, scored on the whole dev split and its attention
+profiled by ``saffu inspect``. Finished stages are skipped on a rerun, so several processes can
+share ``--out`` (say one variant per core).
 
     python experiments/inheritune.py --workdir runs/babylm --reference runs/budgets/runs/cold_e1_w128_s0_lr0.01 \\
         --out runs/inheritune --variants inherit scratch --grow
@@ -29,113 +31,100 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 
 from results import RESULTS, write_result
+from saffu._io import SaffuError
 from saffu.flags import script_options
-from saffu.models.interface import model_init
+from saffu.runner import run
 
 VARIANTS = ("inherit", "scratch", "explicit")
 
 
-def _stage(args, source, reference, reference_params, variant: str, layers: int, start) -> dict:
-    """Train one stage (one epoch) and score it; ``start`` is ``(config, params)`` or None."""
-    import jax
+def _saffu(*words) -> None:
+    """Run a ``saffu`` command quietly; a failure ends the script with its error line."""
+    done = subprocess.run([sys.executable, "-m", "saffu", *map(str, words), "--quiet"], capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"saffu {words[0]} failed")
 
-    from saffu.configs import TrainConfig
-    from saffu.eval.attention import inspect_attention
-    from saffu.eval.scoring import evaluate_split
-    from saffu.models.interface import parameter_count
-    from saffu.training.recipes import explicit_transformer_start, inherit, start_run
-    from saffu.training.trainer import train
 
-    key = jax.random.fold_in(jax.random.key(args.seed), 0)
-    solve_seconds = 0.0
-    if start is not None:
-        config, params = start
-    elif variant == "inherit":
-        config, params = inherit(reference_params, reference, layers)
+def reference_of(args) -> tuple[dict, dict]:
+    """The reference's model settings (its ``config.json``) and its whole-dev scores (``saffu
+    eval``, once, kept in ``OUT/reference.json``)."""
+    if not (args.reference / "config.json").exists():
+        raise SystemExit(f"{args.reference} holds no config.json: the reference must be a saffu train run")
+    model = json.loads((args.reference / "config.json").read_text())["model"]
+    if model["kind"] != "transformer":
+        raise SystemExit(f"{args.reference} holds a {model['kind']}; the reference must be a transformer")
+    record = args.out / "reference.json"
+    if not record.exists():
+        _saffu("eval", "--workdir", args.workdir, "--run", args.reference, "--split", "dev", "--eval-tokens", 0,
+               "--metrics-json", args.out / "scores.json")
+        scores = json.loads((args.out / "scores.json").read_text())
+        record.write_text(json.dumps({"run": str(args.reference), "layers": model["layers"], **scores}))
+    return model, json.loads(record.read_text())
+
+
+def spec_of(args, model: dict, variant: str, layers: int, grown_from: Path | None = None) -> dict:
+    """A stage's run spec: one epoch at ``--learning-rate``, scored on the whole dev split, from
+    the reference's first ``layers`` blocks (``inherit``; grown by its next block from the run
+    ``grown_from``), or the reference's architecture with ``layers`` blocks from a random or an
+    explicit init."""
+    if variant == "inherit":
+        start = {"init": "inherit", "model": "transformer", "reference": str(args.reference.resolve()),
+                 **({"start_from": str(grown_from.resolve())} if grown_from else {"inherit_layers": layers})}
+        shape = {}
     else:
-        config = dataclasses.replace(reference, layers=layers)
-        params = model_init(config, key)
-        if variant == "explicit":
-            params, solve_seconds, _ = explicit_transformer_start(source, config, key)
-    run = args.out / "runs" / f"{variant}_L{config.layers}"
-    start_run(run, config, source)                            # a CLI run: saffu eval / inspect / blimp take it
-    train_config = TrainConfig(learning_rate=args.learning_rate, seed=args.seed, eval_every=args.eval_every,
-                               checkpoint_every=0)
-    trained, history = train(config, params, source.tokens(source.train_split), train_config, run,
-                             dev_stream=source.tokens("dev"), progress=False)
-    scores = evaluate_split(trained, config, source, "dev", None, progress=False)
-    profile = inspect_attention(trained, config, source.tokens("dev"), windows=args.inspect_windows)
-    result = {"variant": variant, "layers": config.layers, "params": parameter_count(trained),
-              "train_tokens": history[-1]["tokens"], "train_seconds": history[-1]["seconds"],
-              "flops": history[-1]["flops"], "solve_seconds": solve_seconds, "history": history,
+        start = {"init": "random" if variant == "scratch" else "explicit", "model": "transformer"}
+        shape = {k: v for k, v in model.items() if k != "vocab_size"} | {"layers": layers}
+    return {"start": start, "model": {"kind": "transformer", **shape}, "eval": {"eval_tokens": 0},
+            "train": {"learning_rate": args.learning_rate, "seed": args.seed, "eval_every": args.eval_every}}
+
+
+def stage(args, model: dict, variant: str, layers: int, grown_from: Path | None = None) -> dict:
+    """Train one stage through :func:`saffu.runner.run` (a finished one is skipped), profile its
+    attention (``saffu inspect``) and keep its figures in ``OUT/runs/VARIANT_LN/stage.json``."""
+    name = f"{variant}_L{layers}"
+    folder = args.out / "runs" / name
+    if (folder / "stage.json").exists():
+        return json.loads((folder / "stage.json").read_text())
+    row = run(spec_of(args, model, variant, layers, grown_from), args.out / "runs", args.workdir, name)
+    _saffu("inspect", "--workdir", args.workdir, "--run", folder, "--windows", args.inspect_windows)
+    profile = json.loads((folder / "attention.json").read_text())
+    history = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    result = {"variant": variant, "layers": layers, "params": row["params"], "train_tokens": row["tokens"],
+              "train_seconds": row["train_seconds"], "flops": row["flops"],
+              "solve_seconds": row.get("solve_seconds", 0.0), "history": history,
               "attention": {"max_rank": [layer["max_rank"] for layer in profile["layers"]],
                             "first_key_share": [layer["mean_first_key_share"] for layer in profile["layers"]],
-                            "lazy_layers": profile["lazy_layers"]}, **scores}
-    (run / "result.json").write_text(json.dumps(result))
-    print(f"{variant} with {config.layers} blocks: dev {scores['dev_bpb']:.4f} bits/byte "
-          f"({history[-1]['seconds']:.0f} s training)", flush=True)
+                            "lazy_layers": profile["lazy_layers"]},
+              **{k: v for k, v in row.items() if k.startswith("dev_")}}
+    (folder / "stage.json").write_text(json.dumps(result))
+    print(f"{variant} with {layers} blocks: dev {result['dev_bpb']:.4f} bits/byte "
+          f"({result['train_seconds']:.0f} s training)", flush=True)
     return result
 
 
-def _finished(args, variant: str, layers: int) -> dict | None:
-    path = args.out / "runs" / f"{variant}_L{layers}" / "result.json"
-    return json.loads(path.read_text()) if path.exists() else None
-
-
-def _load(run: Path, config):
-    import jax
-
-    from saffu.training.checkpoints import load_latest_params
-    loaded = load_latest_params(run, jax.eval_shape(lambda: model_init(config, jax.random.key(0))))
-    if loaded is None:
-        raise SystemExit(f"{run} has no training checkpoint")
-    return loaded[0]
-
-
-def reference_of(args, source):
-    """The reference's config, params and full-dev scores (computed once, kept in ``--out``)."""
-    from saffu.eval.scoring import evaluate_split
-    from saffu.training.checkpoints import load_run_config
-    if not (args.reference / "config.json").exists():
-        raise SystemExit(f"{args.reference} holds no config.json: the reference must be a saffu train run")
-    config = load_run_config(args.reference)
-    if config.kind != "transformer":
-        raise SystemExit(f"{args.reference} holds a {config.kind}; the reference must be a transformer")
-    params = _load(args.reference, config)
-    record = args.out / "reference.json"
-    if not record.exists():
-        scores = evaluate_split(params, config, source, "dev", None, progress=False)
-        record.write_text(json.dumps({"run": str(args.reference), "layers": config.layers, **scores}))
-    return config, params, json.loads(record.read_text())
-
-
-def run_variant(args, source, variant: str) -> None:
-    from saffu.training.recipes import grow
-    reference, reference_params, reference_scores = reference_of(args, source)
-    layers = args.layers or max(1, reference.layers // 2)
-    result = _finished(args, variant, layers) or _stage(args, source, reference, reference_params, variant, layers,
-                                                         None)
-    while (args.grow and variant == "inherit" and result["dev_loss"] > reference_scores["dev_loss"]
-           and result["layers"] < reference.layers):
-        done = _finished(args, variant, result["layers"] + 1)
-        if done is None:
-            run = args.out / "runs" / f"{variant}_L{result['layers']}"
-            small = dataclasses.replace(reference, layers=result["layers"])
-            done = _stage(args, source, reference, reference_params, variant, result["layers"] + 1,
-                          grow(_load(run, small), small, reference_params, reference))
-        result = done
+def run_variant(args, variant: str) -> None:
+    """A variant's first stage; ``inherit`` with ``--grow`` then grows by the reference's next
+    block, one epoch a stage, until it is at or below the reference's dev loss or as deep."""
+    model, reference = reference_of(args)
+    layers = args.layers or max(1, model["layers"] // 2)
+    result = stage(args, model, variant, layers)
+    while (args.grow and variant == "inherit" and result["dev_loss"] > reference["dev_loss"]
+           and result["layers"] < model["layers"]):
+        result = stage(args, model, variant, result["layers"] + 1, args.out / "runs" / f"inherit_L{result['layers']}")
 
 
 def report(args) -> None:
     """``report.md``, ``report.json`` and ``curves.png`` of every finished stage (with
     ``--write-result``: ``results/inheritune.json`` and ``docs/results/inheritune.png``)."""
     reference = json.loads((args.out / "reference.json").read_text())
-    results = [json.loads(p.read_text()) for p in sorted((args.out / "runs").glob("*/result.json"))]
+    results = [json.loads(p.read_text()) for p in sorted((args.out / "runs").glob("*/stage.json"))]
     lines = ["| model | blocks | params | training tokens (cumulative) | dev loss | dev bits/byte | "
              "max attention rank per layer | lazy layers |", "|---|---|---|---|---|---|---|---|"]
     lines.append(f"| reference ({reference['run']}) | {reference['layers']} | | | {reference['dev_loss']:.4f} | "
@@ -217,12 +206,12 @@ class Options:
 def main(argv=None):
     args = script_options(Options, argv, __doc__.splitlines()[0])
     args.out.mkdir(parents=True, exist_ok=True)
-    from saffu.data.workdir import open_workdir
-    source = open_workdir(args.workdir)
     if not args.report:
-        reference_of(args, source)
-        for variant in args.variants:
-            run_variant(args, source, variant)
+        try:
+            for variant in args.variants:
+                run_variant(args, variant)
+        except SaffuError as err:           # a failed stage: the runner names it and its log
+            raise SystemExit(f"inheritune.py: {err}") from None
     report(args)
 
 
