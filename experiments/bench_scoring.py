@@ -187,7 +187,8 @@ def measure_alternate(kind: str, args) -> dict:
     and a warm step, so load drifts hit both alike."""
     steppers = {name: Stepper(name, args, 4) for name in ("transformer", "residual")}
     for stepper in steppers.values():
-        stepper.step(), stepper.step()
+        for _ in range(2):                      # a compiling and a warm step
+            stepper.step()
     times = {name: [] for name in steppers}
     for round_ in range(args.step_rounds):
         for name in (steppers if round_ % 2 == 0 else reversed(steppers)):

@@ -465,8 +465,7 @@ def cmd_inspect(args) -> dict:
 
 def cmd_device_check(args) -> dict:
     from saffu.eval.device import device_check
-    check = config_from_args(configs.DeviceCheckConfig, args,
-                             [f.name for f in dataclasses.fields(configs.DeviceCheckConfig)])
+    check = config_from_args(configs.DeviceCheckConfig, args, flags.DEVICE_CHECK)
     metrics = device_check(args.workdir, check, args.out)
     if not metrics["pass"]:
         write_metrics(args.metrics_json, metrics)

@@ -206,6 +206,7 @@ FACTOR = ("mu", "column_power", "oversample", "power_iterations", "seed", "refin
 EXACT = ("groups", "mu", "buckets", "bucket_by", "smoothing", "nested", "holdout_tokens", "chunk_size")
 SMOOTHING, SMOOTHING_RENAME = ("kind", "mu", "alpha"), {"kind": "--smoothing"}
 PREPARE = ("vocab_size", "allow_smaller_vocab", "strict")
+DEVICE_CHECK = tuple(f.name for f in dataclasses.fields(configs.DeviceCheckConfig))
 START = ("init", "model", "explicit_pieces", "explicit_embedding_rms", "explicit_output_rms", "residual", "bundle",
          "reference", "inherit_layers", "inherit_before_lazy", "start_from", "grow_by", "devices")
 RESIDUAL_RENAME = {"scale": "--residual-scale", "folds": "--cross-fit"}
@@ -631,7 +632,7 @@ def _device_check_flags(p) -> None:
     any item fails. See docs/reliability.md."""
     p.add_argument("--workdir", type=Path, required=True, help="prepared work directory")
     p.add_argument("--out", type=Path, default=Path("runs/device_check"), help="output folder")
-    add_config_flags(p, configs.DeviceCheckConfig, [f.name for f in dataclasses.fields(configs.DeviceCheckConfig)])
+    add_config_flags(p, configs.DeviceCheckConfig, DEVICE_CHECK)
 
 
 COMMAND_FLAGS = {"prepare": _prepare_flags, "stats": _stats_flags, "fit": _fit_flags, "factorise": _factorise_flags,

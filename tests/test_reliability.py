@@ -152,7 +152,6 @@ def test_device_check_passes_against_itself_and_names_a_count_that_differs(tmp_p
     """``saffu device-check`` on this backend against a reference made by the same check passes
     every item (counts bit for bit, losses within tolerance); a reference whose offset counts differ
     fails that item, exits 2 and names it."""
-    from saffu.cli import main
     sizes = ["--workdir", str(tiny_workdir.path), "--steps", "2", "--batch-size", "2", "--seq-len", "8",
              "--eval-windows", "2", "--bits", "16", "--radius", "2", "--chunk-sizes", "16", "64",
              "--repeats", "1", "--holdout-tokens", "32", "--solve-chunk-size", "64", "--quiet"]
