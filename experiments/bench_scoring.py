@@ -1,5 +1,5 @@
 """Benchmark: scoring (a dev split, BLiMP) against training, side by side, for the transformer, the
-exact model and the explicit residual.
+exact model and the explicit residual; and ``--compute-dtype bfloat16`` against float32.
 
 For each model, in its own subprocess (so each peak RSS is that measurement's alone):
 
@@ -23,27 +23,46 @@ it. Each figure is also a ratio to the model's own training tokens/s (the exact 
 transformer's). The machine's load average is printed and recorded: timings on a shared machine
 are noisy, compare figures of one run.
 
+``--dtypes`` measures instead what ``--compute-dtype bfloat16`` does on this backend (the
+``dtypes`` measurement, once ``bench_bf16.py``): the transformer's training steps in float32 and
+bfloat16 alternating in one process as ``alternate`` times its two models, and the output layer's
+product alone three ways (f32, bf16 → bf16, bf16 inputs → f32 accumulation). XLA's CPU backend
+runs a bf16 × bf16 → bf16 product by converting both operands to float32 and the result back (no
+bf16 arithmetic at all, plus the conversions), while bf16 × bf16 → f32 runs natively where the
+processor has bf16 dot-product units (``avx512_bf16``, AMX); the figures say which of the two the
+compiler chose, so a backend on which bf16 does not pay shows it.
+
     python experiments/bench_scoring.py --quick
     python experiments/bench_scoring.py --before --metrics-json /tmp/bench_scoring.json --write-result
     python experiments/bench_scoring.py --rounds 3 --models transformer residual   # medians of 3 interleaved rounds
+    python experiments/bench_scoring.py --dtypes --write-result                     # results/bench_bf16.json
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
+import functools
 import os
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-from saffu._io import SaffuError
-from saffu.flags import script_options
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from saffu._io import SaffuError, atomic_write_json
+from saffu.eval import bench
+from saffu.flags import flags_of, script_options
+from saffu.runner import exact_run, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ("transformer", "exact", "residual")
+#: The options a measurement's process reads (passed on to it, and recorded with the figures).
+CHILD_OPTIONS = ("workdir", "exact_run", "blimp_dir", "blimp_files", "before_blimp_files", "eval_tokens", "train_steps",
+                 "width", "layers", "step_rounds")
+#: The compute dtypes ``--dtypes`` compares.
+DTYPES = ("float32", "bfloat16")
 
 
 @dataclasses.dataclass
@@ -58,8 +77,8 @@ class Options:
       blimp_files: first N paradigm files only (0: all)
       eval_tokens: dev tokens scored (whole documents spread over the split; 0: the whole split)
       train_steps: timed training steps (after two compiling ones; the median is kept)
-      step_rounds: with the transformer and the residual: their training steps timed alternately in
-        one process for this many rounds; 0: skip
+      step_rounds: with the transformer and the residual (or with --dtypes): their training steps
+        timed alternately in one process for this many rounds; 0: skip
       rounds: measure every model this many times, the models interleaved round by round, and keep
         the medians (a shared machine's load drifts during a run)
       width: transformer width
@@ -67,10 +86,13 @@ class Options:
       models: the models measured
       before: also time the previous scoring paths
       before_blimp_files: paradigm files of the previous BLiMP path (default: as --blimp-files)
+      dtypes: measure --compute-dtype bfloat16 against float32 instead (the transformer's steps
+        alternating, --step-rounds of them, and the output layer's product three ways); with
+        --write-result it writes results/bench_bf16.json
       quick: tiny settings, one process per model (peak RSS figures cumulative): 2,000 dev tokens,
         1 paradigm file, 1 timed step, --before
       metrics_json: write the figures here as JSON
-      write_result: write results/bench_scoring.json
+      write_result: write results/bench_scoring.json (with --dtypes, results/bench_bf16.json)
       child: internal: MODEL:MEASUREMENT[,MEASUREMENT…], run in a subprocess
     """
 
@@ -87,6 +109,7 @@ class Options:
     models: tuple[str, ...] = dataclasses.field(default=MODELS, metadata={"choices": MODELS, "nargs": "+"})
     before: bool = False
     before_blimp_files: int | None = None
+    dtypes: bool = False
     quick: bool = False
     metrics_json: Path | None = None
     write_result: bool = False
@@ -107,8 +130,6 @@ def parse_args(argv=None) -> Options:
 
 def _model(kind: str, args):
     """``(config, params, workdir)`` of ``kind``."""
-    import jax
-
     from saffu.configs import TransformerConfig
     from saffu.data.workdir import open_workdir
     from saffu.models.interface import model_init
@@ -124,88 +145,63 @@ def _model(kind: str, args):
     from saffu.training.recipes import residual_start
     config, params = residual_start(base, args.exact_run, key)
     # a trained-looking f_θ: its output layer off zero (the cost is the same, the scores non-trivial)
-    output = model_init(base, jax.random.key(1))["output"]
-    params["model"]["output"] = output
+    params["model"]["output"] = model_init(base, jax.random.key(1))["output"]
     return config, params, workdir
 
 
-def _peak_rss_mb() -> float:
-    import resource
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-class Stepper:
-    """``kind``'s jitted training step (:class:`saffu.configs.TrainConfig`'s batch) over ``steps``
-    random windows of the training split; :meth:`step` runs the next one to completion."""
-
-    def __init__(self, kind: str, args, steps: int):
-        import jax.numpy as jnp
-        import numpy as np
-
-        from saffu.configs import TrainConfig
-        from saffu.data.windows import stack_windows
-        from saffu.training.trainer import StepStats, make_optimizer, make_train_step
-        config, params, workdir = _model(kind, args)
-        self.train, stream = TrainConfig(), workdir.tokens(workdir.train_split)
-        names = set(getattr(config, "fixed_params", ()))
-        self.fixed = {k: v for k, v in params.items() if k in names}
-        self.params = {k: v for k, v in params.items() if k not in names}
-        optimizer = make_optimizer(self.train, 1000)
-        self.opt_state, self.stats, self.count = optimizer.init(self.params), StepStats.zeros(), 0
-        self.function = make_train_step(config, optimizer, self.train)
-        rng, self.batches = np.random.default_rng(0), []
-        for _ in range(steps):
-            starts = rng.integers(1, len(stream) - self.train.seq_len, self.train.batch_size)
-            windows, mask = stack_windows(stream, starts, [len(stream)] * len(starts), config.context,
-                                          self.train.seq_len)
-            self.batches.append((jnp.asarray(windows), jnp.asarray(mask)))
-
-    def step(self) -> float:
-        """One step (to completion); its wall seconds."""
-        import jax
-        windows, mask = self.batches[self.count % len(self.batches)]
-        start = time.perf_counter()
-        self.params, self.opt_state, self.stats = self.function(self.params, self.opt_state, self.stats,
-                                                                jax.numpy.int32(self.count), windows, mask, self.fixed)
-        jax.block_until_ready(self.stats)
-        self.count += 1
-        return time.perf_counter() - start
+def _stepper(kind: str, args, batches: int, dtype: str = "float32") -> bench.Stepper:
+    """``kind``'s training step (:class:`saffu.configs.TrainConfig`'s batch, computed in ``dtype``)
+    over ``batches`` random windows of the training split."""
+    from saffu.configs import TrainConfig
+    config, params, workdir = _model(kind, args)
+    return bench.Stepper(config, params, workdir.tokens(workdir.train_split), TrainConfig(compute_dtype=dtype), batches)
 
 
 def measure_train(kind: str, args) -> dict:
     """Tokens/s and seconds per step of ``--train-steps`` steps after two compiling ones."""
-    stepper = Stepper(kind, args, args.train_steps + 2)
-    times = [stepper.step() for _ in stepper.batches]
+    stepper = _stepper(kind, args, args.train_steps + 2)
+    times = bench.interleave({kind: stepper.step}, args.train_steps + 2)[0][kind]
     seconds = statistics.median(times[2:])
-    return {"train_step_s": seconds, "train_tokens_per_s": stepper.train.batch_size * stepper.train.seq_len / seconds,
-            "train_compile_s": times[0], "train_peak_rss_mb": _peak_rss_mb()}
+    return {"train_step_s": seconds, "train_tokens_per_s": stepper.tokens_per_step / seconds,
+            "train_compile_s": times[0], "train_peak_rss_mb": bench.peak_rss_mb()}
 
 
 def measure_alternate(kind: str, args) -> dict:
     """The transformer's and the residual's steps timed alternately in one process (``kind`` is
-    ``both``), ``--step-rounds`` rounds of one step each on the same batches after a compiling
-    and a warm step, so load drifts hit both alike."""
-    steppers = {name: Stepper(name, args, 4) for name in ("transformer", "residual")}
-    for stepper in steppers.values():
-        for _ in range(2):                      # a compiling and a warm step
-            stepper.step()
-    times = {name: [] for name in steppers}
-    for round_ in range(args.step_rounds):
-        for name in (steppers if round_ % 2 == 0 else reversed(steppers)):
-            times[name].append(steppers[name].step())
-    medians = {name: statistics.median(t) for name, t in times.items()}
+    ``both``), ``--step-rounds`` rounds, so load drifts hit both alike."""
+    times, medians = bench.alternate({name: _stepper(name, args, 4) for name in ("transformer", "residual")},
+                                     args.step_rounds)
     return {"rounds": args.step_rounds, "step_seconds": times, "median_step_seconds": medians,
             "min_step_seconds": {name: min(t) for name, t in times.items()},
             "step_time_ratio": medians["residual"] / medians["transformer"],
             "step_time_ratio_of_minima": min(times["residual"]) / min(times["transformer"])}
 
 
-def _old_loss():
-    """The previous evaluation path: whole-window logits, a ``V``-wide log-softmax and a gather."""
-    import jax
-
-    from saffu.models.interface import window_loss
-    return jax.jit(window_loss, static_argnums=1)
+def measure_dtypes(kind: str, args) -> dict:
+    """``kind``'s training steps in each of :data:`DTYPES` timed alternately in one process
+    (``--step-rounds`` rounds), and the output layer's product ``[B·T, d] @ [d, V]`` three ways
+    (median seconds), with whether XLA compiled the bf16 → bf16 product with conversions to f32."""
+    steppers = {name: _stepper(kind, args, 4, name) for name in DTYPES}
+    times, seconds = bench.alternate(steppers, args.step_rounds)
+    config, train = steppers["float32"].config, steppers["float32"].train
+    tokens = train.batch_size * train.seq_len
+    x = jax.random.normal(jax.random.key(0), (tokens, config.width))
+    w = jax.random.normal(jax.random.key(0), (config.width, config.vocab_size))
+    xb, wb = x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)
+    plain = jax.jit(jnp.matmul)
+    wide = jax.jit(lambda a, b: jnp.matmul(a, b, preferred_element_type=jnp.float32))
+    hlo = plain.lower(xb, wb).compile().as_text()
+    matmul = {name: bench.median_seconds(product, *operands, repeats=max(args.step_rounds, 2)) for name, product, operands
+              in (("float32", plain, (x, w)), ("bf16_to_bf16", plain, (xb, wb)), ("bf16_to_f32", wide, (xb, wb)))}
+    return {"backend": jax.default_backend(), "device": jax.devices()[0].device_kind,
+            "cpu_bf16_units": bench.cpu_features(("avx512_bf16", "amx_bf16", "avx_ne_convert")),
+            "matmul": {"seconds": matmul, "bf16_to_bf16_converts_to_f32": "f32[" in hlo and "convert" in hlo,
+                       "shape": [tokens, config.width, config.vocab_size]},
+            "training": {"seconds_per_step": seconds, "tokens_per_s": {n: tokens / s for n, s in seconds.items()},
+                         "bf16_over_f32_step": seconds["bfloat16"] / seconds["float32"], "rounds": args.step_rounds,
+                         "step_seconds": times, "mean_loss": {n: s.mean_loss() for n, s in steppers.items()},
+                         "model": {**{k: getattr(config, k) for k in ("vocab_size", "width", "layers", "context")},
+                                   "batch_size": train.batch_size, "seq_len": train.seq_len}}}
 
 
 def measure_score(kind: str, args, before: bool = False) -> dict:
@@ -214,9 +210,9 @@ def measure_score(kind: str, args, before: bool = False) -> dict:
     from saffu.eval.scoring import evaluate_split
     config, params, workdir = _model(kind, args)
     name = "before_score" if before else "score"
-    if before:
-        import functools
-        loss = functools.partial(_old_loss(), params, config)
+    if before:     # the previous evaluation path: whole-window logits, a ``V``-wide log-softmax and a gather
+        from saffu.models.interface import window_loss
+        loss = functools.partial(jax.jit(window_loss, static_argnums=1), params, config)
         stream = workdir.tokens("dev")
 
         def run(tokens):
@@ -227,14 +223,10 @@ def measure_score(kind: str, args, before: bool = False) -> dict:
         def run(tokens):
             report = evaluate_split(params, config, workdir, "dev", tokens or None, progress=False)
             return report["dev_loss"], report["dev_tokens"]
-    start = time.perf_counter()
-    run(args.eval_tokens)                                       # the first run compiles every window shape
-    first_s = time.perf_counter() - start
-    start = time.perf_counter()
-    loss, count = run(args.eval_tokens)
-    seconds = time.perf_counter() - start
+    first_s = bench.timed(run, args.eval_tokens)[0]             # the first run compiles every window shape
+    seconds, (loss, count) = bench.timed(run, args.eval_tokens)
     return {f"{name}_tokens": count, f"{name}_seconds": seconds, f"{name}_tokens_per_s": count / seconds,
-            f"{name}_loss": loss, f"{name}_first_seconds": first_s, f"{name}_peak_rss_mb": _peak_rss_mb()}
+            f"{name}_loss": loss, f"{name}_first_seconds": first_s, f"{name}_peak_rss_mb": bench.peak_rss_mb()}
 
 
 def measure_blimp(kind: str, args, before: bool = False) -> dict:
@@ -242,21 +234,17 @@ def measure_blimp(kind: str, args, before: bool = False) -> dict:
     a small sample of them), the tokens scored and the accuracy."""
     import tempfile
 
-    import jax
-    import numpy as np
-
     import saffu.eval.blimp as blimp
     config, params, workdir = _model(kind, args)
     tokenizer = workdir.tokenizer()
-    files = sorted(args.blimp_dir.glob("*.jsonl"))
-    count = args.before_blimp_files if before else args.blimp_files
-    files = files[:count] if count else files
+    files = sorted(args.blimp_dir.glob("*.jsonl"))[:(args.before_blimp_files if before else args.blimp_files) or None]
     with tempfile.TemporaryDirectory() as folder:
         for path in files:
             (Path(folder) / path.name).symlink_to(path.resolve())
         pairs = blimp.load_blimp(folder)
     sentences = [p.good for p in pairs] + [p.bad for p in pairs]
-    tokens = sum(len(e.ids) for e in tokenizer.encode_batch(sentences, add_special_tokens=False))
+    lengths = np.asarray([len(e.ids) for e in tokenizer.encode_batch(sentences, add_special_tokens=False)])
+    tokens = int(lengths.sum())
     pack = None
     name = "before_blimp" if before else "blimp"
     if before:                                   # one sentence per row, whole-window log-softmax
@@ -265,70 +253,86 @@ def measure_blimp(kind: str, args, before: bool = False) -> dict:
         blimp._target_nll = lambda params, config, windows, mask, context, positions: old(params, config, windows, mask)
         blimp.CALL_POSITIONS = 16 * (8 + 256)                # its calls: 16 rows of the default SAFFU
         pack = False
-    lengths = np.asarray([len(e.ids) for e in tokenizer.encode_batch(sentences, add_special_tokens=False)])
     # compile every call shape first: a sample of one sentence of each power-of-two length bucket
     buckets = 1 << np.maximum(np.ceil(np.log2(np.maximum(lengths, 1))).astype(int), 3)
     sample = [int(np.flatnonzero(buckets == w)[0]) for w in np.unique(buckets)]
-    start = time.perf_counter()
-    blimp.sentence_log_probs(params, config, tokenizer, [sentences[i] for i in sample], progress=False, pack=pack)
-    compile_s = time.perf_counter() - start
-    start = time.perf_counter()
-    scores = blimp.sentence_log_probs(params, config, tokenizer, sentences, progress=False, pack=pack)
-    seconds = time.perf_counter() - start
+    score = functools.partial(blimp.sentence_log_probs, params, config, tokenizer, progress=False, pack=pack)
+    compile_s = bench.timed(score, [sentences[i] for i in sample])[0]
+    seconds, scores = bench.timed(score, sentences)
     accuracy = blimp.blimp_accuracy(pairs, scores[:len(pairs)], scores[len(pairs):])["blimp_accuracy"]
     return {f"{name}_seconds": seconds, f"{name}_pairs": len(pairs), f"{name}_files": len(files),
             f"{name}_tokens": tokens, f"{name}_tokens_per_s": tokens / seconds, f"{name}_accuracy": accuracy,
-            f"{name}_compile_s": compile_s, f"{name}_peak_rss_mb": _peak_rss_mb(),
+            f"{name}_compile_s": compile_s, f"{name}_peak_rss_mb": bench.peak_rss_mb(),
             f"{name}_log_prob_sum": float(scores.sum())}
 
 
 def child(args) -> None:
-    """Run ``--child MODEL:MEASUREMENT[,MEASUREMENT…]`` and print its figures as one JSON line."""
+    """Run ``--child MODEL:MEASUREMENT[,MEASUREMENT…]`` and print its figures (:func:`saffu.eval.bench.emit`)."""
     kind, measurements = args.child.split(":")
-    figures = {}
-    for measurement in measurements.split(","):
-        before = measurement.startswith("before_")
-        function = {"train": measure_train, "score": measure_score, "blimp": measure_blimp,
-                    "alternate": measure_alternate}[measurement.removeprefix("before_")]
-        figures.update(function(kind, args, before) if before else function(kind, args))
-    print("RESULT " + json.dumps(figures), flush=True)
+    functions = {"train": measure_train, "score": measure_score, "blimp": measure_blimp, "alternate": measure_alternate,
+                 "dtypes": measure_dtypes, "before_score": functools.partial(measure_score, before=True),
+                 "before_blimp": functools.partial(measure_blimp, before=True)}
+    bench.emit({key: value for m in measurements.split(",") for key, value in functions[m](kind, args).items()})
 
 
 # ---------------------------------------------------------------- the side-by-side run
 
-def _run_child(kind: str, measurement: str, argv: list[str]) -> dict:
+def _run_child(kind: str, measurement: str, args) -> dict:
+    """``kind``'s ``measurement`` (comma-separated ones) in a process of its own: its figures."""
+    argv = flags_of({name: getattr(args, name) for name in CHILD_OPTIONS})
     command = [sys.executable, str(Path(__file__).resolve()), *argv, "--child", f"{kind}:{measurement}"]
-    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    if done.returncode or not lines:
-        sys.stderr.write(done.stderr[-4000:])
-        raise SystemExit(f"{kind} {measurement} failed (exit {done.returncode})")
-    return json.loads(lines[-1].removeprefix("RESULT "))
+    return bench.run_pinned([command], [None], cwd=ROOT)
 
 
-def _child_argv(args) -> list[str]:
-    argv = ["--workdir", str(args.workdir), "--exact-run", str(args.exact_run), "--blimp-dir", str(args.blimp_dir),
-            "--blimp-files", str(args.blimp_files), "--before-blimp-files", str(args.before_blimp_files),
-            "--eval-tokens", str(args.eval_tokens), "--train-steps", str(args.train_steps),
-            "--width", str(args.width), "--layers", str(args.layers), "--step-rounds", str(args.step_rounds)]
-    return argv
+def measure_models(args) -> dict:
+    """Every model's measurements (medians over ``--rounds``, the models interleaved round by
+    round), their ratios to training, and the residual against the transformer."""
+    figures = {"settings": {**{name: str(v) if isinstance(v := getattr(args, name), Path) else v
+                               for name in CHILD_OPTIONS}, "quick": args.quick, "rounds": args.rounds}}
+    measurements = ["train", "score", "blimp"] + (["before_score", "before_blimp"] if args.before else [])
 
-
-def _ratio(a, b):
-    return a / b if a is not None and b else None
-
-
-def _median_row(rows: list[dict]) -> dict:
-    """One model's figures over ``--rounds`` rounds: the median of every number (the rounds'
-    own values under ``per_round``, with each round's scoring / training ratio)."""
-    row = {key: statistics.median(r[key] for r in rows) if isinstance(rows[0][key], (int, float)) else rows[0][key]
-           for key in rows[0]}
-    row["per_round"] = {key: [r[key] for r in rows] for key in ("train_tokens_per_s", "train_step_s",
-                                                                 "score_tokens_per_s", "blimp_tokens_per_s")
-                        if key in rows[0]}
-    if "train_tokens_per_s" in rows[0]:
-        row["per_round"]["score_vs_train"] = [r["score_tokens_per_s"] / r["train_tokens_per_s"] for r in rows]
-    return row
+    def measure(kind: str) -> dict:     # one round of kind's measurements, each in a process of its own
+        wanted = [m for m in measurements if not (m == "train" and kind == "exact")]   # exact: solved
+        # --quick: one process per model (its peak RSS figures are then that process's, cumulative)
+        return dict(item for group in ([",".join(wanted)] if args.quick else wanted)
+                    for item in _run_child(kind, group, args).items())
+    # models interleaved round by round: load drifts hit each alike
+    rounds = bench.in_rounds({kind: functools.partial(measure, kind) for kind in args.models}, args.rounds,
+                             lambda i, kind, _: print(f"  round {i}/{args.rounds}  {kind:<11} done  "
+                                                      f"(load {os.getloadavg()[0]:.1f})", flush=True))
+    per_round = ("train_tokens_per_s", "train_step_s", "score_tokens_per_s", "blimp_tokens_per_s")
+    figures.update({kind: bench.median_row(rounds[kind], per_round) for kind in args.models})
+    train_reference = figures.get("transformer", {}).get("train_tokens_per_s")
+    for kind in args.models:
+        row = figures[kind]
+        if "train_tokens_per_s" in row["per_round"]:
+            row["per_round"]["score_vs_train"] = [r["score_tokens_per_s"] / r["train_tokens_per_s"]
+                                                  for r in rounds[kind]]
+        reference = row.get("train_tokens_per_s", train_reference)
+        for what in ("score", "blimp"):
+            row[f"{what}_vs_train"] = bench.ratio(row.get(f"{what}_tokens_per_s"), reference)
+            if args.before:
+                row[f"{what}_speedup"] = bench.ratio(row.get(f"{what}_tokens_per_s"),
+                                                     row.get(f"before_{what}_tokens_per_s"))
+                row[f"before_{what}_vs_train"] = bench.ratio(row.get(f"before_{what}_tokens_per_s"), reference)
+    if "residual" in figures and "transformer" in figures:
+        residual, plain = figures["residual"], figures["transformer"]
+        versus = figures["residual_vs_transformer"] = {
+            **{name: bench.ratio(residual.get(key), plain.get(key)) for name, key in
+               (("train_step_ratio", "train_step_s"), ("train_peak_rss_ratio", "train_peak_rss_mb"),
+                ("score_peak_rss_ratio", "score_peak_rss_mb"))},
+            "train_step_ratio_per_round": list(map(bench.ratio, residual["per_round"].get("train_step_s", []),
+                                                   plain["per_round"].get("train_step_s", [])))}
+        if args.step_rounds:        # the alternating measurement: one process, the same batches
+            # each one's peak RSS is its training process's: building, compiling and stepping that model alone
+            rss = {kind: figures[kind]["train_peak_rss_mb"] / 1024 for kind in ("residual", "transformer")}
+            step = figures["residual_step"] = {**_run_child("both", "alternate", args), "peak_rss_gb": rss,
+                                               "peak_rss_extra_gb": rss["residual"] - rss["transformer"]}
+            print(f"  alternating training steps done  (load {os.getloadavg()[0]:.1f})", flush=True)
+            versus.update(alternating_step_ratio=step["step_time_ratio"],
+                          alternating_step_ratio_of_minima=step["step_time_ratio_of_minima"],
+                          alternating_rounds=step["rounds"], peak_rss_extra_gb=step["peak_rss_extra_gb"])
+    return figures
 
 
 def main(argv=None) -> dict:
@@ -336,117 +340,65 @@ def main(argv=None) -> dict:
     if args.child:
         child(args)
         return {}
-    if {"exact", "residual"} & set(args.models):      # what they read: made here on a fresh clone
-        from saffu.runner import exact_run
+    if {"exact", "residual"} & set(args.models) and not args.dtypes:   # what they read: made here on a fresh clone
         try:
             exact_run(args.workdir, args.exact_run)
         except SaffuError as err:
             raise SystemExit(f"--exact-run: {err}") from None
-    started_load = os.getloadavg()
-    started = time.time()
-    argv = _child_argv(args)
-    figures = {"settings": {"eval_tokens": args.eval_tokens, "blimp_files": args.blimp_files,
-                            "before_blimp_files": args.before_blimp_files, "train_steps": args.train_steps,
-                            "width": args.width, "layers": args.layers, "workdir": str(args.workdir),
-                            "exact_run": str(args.exact_run), "quick": args.quick, "rounds": args.rounds}}
-    measurements = ["train", "score", "blimp"] + (["before_score", "before_blimp"] if args.before else [])
-    rounds = {kind: [] for kind in args.models}
-    for round_ in range(args.rounds):          # models interleaved round by round: load drifts hit each alike
-        for kind in args.models:
-            row, wanted = {}, [m for m in measurements if not (m == "train" and kind == "exact")]   # exact: solved
-            # --quick: one process per model (its peak RSS figures are then that process's, cumulative)
-            for group in ([",".join(wanted)] if args.quick else wanted):
-                row.update(_run_child(kind, group, argv))
-                print(f"  round {round_ + 1}/{args.rounds}  {kind:<11} {group:<13} done  "
-                      f"(load {os.getloadavg()[0]:.1f})", flush=True)
-            rounds[kind].append(row)
-    for kind in args.models:
-        figures[kind] = _median_row(rounds[kind])
-    train_reference = figures.get("transformer", {}).get("train_tokens_per_s")
-    for kind in args.models:
-        row = figures[kind]
-        reference = row.get("train_tokens_per_s", train_reference)
-        row["score_vs_train"] = _ratio(row.get("score_tokens_per_s"), reference)
-        row["blimp_vs_train"] = _ratio(row.get("blimp_tokens_per_s"), reference)
-        if args.before:
-            row["score_speedup"] = _ratio(row.get("score_tokens_per_s"), row.get("before_score_tokens_per_s"))
-            row["blimp_speedup"] = _ratio(row.get("blimp_tokens_per_s"), row.get("before_blimp_tokens_per_s"))
-            row["before_score_vs_train"] = _ratio(row.get("before_score_tokens_per_s"), reference)
-            row["before_blimp_vs_train"] = _ratio(row.get("before_blimp_tokens_per_s"), reference)
-    if "residual" in figures and "transformer" in figures and args.step_rounds:
-        # each one's peak RSS is its training process's: building, compiling and stepping that model alone
-        rss = {kind: figures[kind]["train_peak_rss_mb"] / 1024 for kind in ("residual", "transformer")}
-        figures["residual_step"] = {**_run_child("both", "alternate", argv), "peak_rss_gb": rss,
-                                    "peak_rss_extra_gb": rss["residual"] - rss["transformer"]}
-        print(f"  alternating training steps done  (load {os.getloadavg()[0]:.1f})", flush=True)
-    if "residual" in figures and "transformer" in figures:
-        residual, plain = figures["residual"], figures["transformer"]
-        figures["residual_vs_transformer"] = {
-            "train_step_ratio": _ratio(residual.get("train_step_s"), plain.get("train_step_s")),
-            "train_step_ratio_per_round": [_ratio(r, p) for r, p in zip(residual["per_round"].get("train_step_s", []),
-                                                                        plain["per_round"].get("train_step_s", []))],
-            "train_peak_rss_ratio": _ratio(residual.get("train_peak_rss_mb"), plain.get("train_peak_rss_mb")),
-            "score_peak_rss_ratio": _ratio(residual.get("score_peak_rss_mb"), plain.get("score_peak_rss_mb"))}
-        if "residual_step" in figures:        # the alternating measurement: one process, the same batches
-            step = figures["residual_step"]
-            figures["residual_vs_transformer"].update(
-                alternating_step_ratio=step["step_time_ratio"],
-                alternating_step_ratio_of_minima=step["step_time_ratio_of_minima"],
-                alternating_rounds=step["rounds"], peak_rss_extra_gb=step.get("peak_rss_extra_gb"))
-    figures["load"] = {"load_average_1min_start": started_load[0], "load_average_1min_end": os.getloadavg()[0],
-                       "load_average_5min_end": os.getloadavg()[1], "cores": os.cpu_count()}
-    figures["wall_seconds"] = time.time() - started
-    print_table(figures, args)
+    watch = bench.Watch()
+    figures = _run_child("transformer", "dtypes", args) if args.dtypes else measure_models(args)
+    figures["load"] = watch.load()
+    (print_dtypes if args.dtypes else print_table)(figures, args)
     if args.metrics_json:
-        args.metrics_json.parent.mkdir(parents=True, exist_ok=True)
-        args.metrics_json.write_text(json.dumps(figures, indent=2) + "\n")
+        atomic_write_json(args.metrics_json, figures)
     if args.write_result:
-        from results import write_result
-        path = write_result("bench_scoring", figures, seeds=[0],
-                            load={"load_average_1min_start": started_load[0],
-                                  "load_average_1min_end": figures["load"]["load_average_1min_end"]})
-        print(f"wrote {path}")
+        load = {key: figures["load"][key] for key in ("load_average_1min_before", "load_average_1min_after")}
+        name = 'bench_bf16' if args.dtypes else 'bench_scoring'
+        print(f"wrote {write_result(ROOT / 'results', name, figures, seeds=[0], load=load)}")
     return figures
 
 
+def print_dtypes(figures: dict, args) -> None:
+    mm, tr = figures["matmul"]["seconds"], figures["training"]
+    print(f"backend {figures['backend']} ({figures['device']}); bf16 units: {figures['cpu_bf16_units'] or 'none found'}")
+    print(f"output-layer matmul {figures['matmul']['shape']}: f32 {mm['float32'] * 1e3:.1f} ms, "
+          f"bf16→bf16 {mm['bf16_to_bf16'] * 1e3:.1f} ms, bf16→f32 {mm['bf16_to_f32'] * 1e3:.1f} ms"
+          f"{' (bf16→bf16 compiled as f32 with conversions)' if figures['matmul']['bf16_to_bf16_converts_to_f32'] else ''}")
+    for name in DTYPES:
+        print(f"training step {name:>8}: {tr['seconds_per_step'][name] * 1e3:7.1f} ms "
+              f"({tr['tokens_per_s'][name]:,.0f} tokens/s, mean loss {tr['mean_loss'][name]:.4f})")
+    print(f"bf16 step time over float32's: {tr['bf16_over_f32_step']:.2f} ({tr['rounds']} rounds); "
+          f"load {figures['load']}")
+
+
 def print_table(figures: dict, args) -> None:
-    def cell(value, form):
-        return "—" if value is None else format(value, form)
-    columns = [("train tok/s", "train_tokens_per_s", ",.0f"), ("step s", "train_step_s", ".2f"),
-               ("train RSS MB", "train_peak_rss_mb", ",.0f"), ("score tok/s", "score_tokens_per_s", ",.0f"),
-               ("×train", "score_vs_train", ".2f"), ("BLiMP s", "blimp_seconds", ".1f"),
-               ("BLiMP tok/s", "blimp_tokens_per_s", ",.0f"), ("×train", "blimp_vs_train", ".2f")]
+    columns = [("model", "model", ""), ("train tok/s", "train_tokens_per_s", ",.0f"),
+               ("step s", "train_step_s", ".2f"), ("train RSS MB", "train_peak_rss_mb", ",.0f"),
+               ("score tok/s", "score_tokens_per_s", ",.0f"), ("×train", "score_vs_train", ".2f"),
+               ("BLiMP s", "blimp_seconds", ".1f"), ("BLiMP tok/s", "blimp_tokens_per_s", ",.0f"),
+               ("×train", "blimp_vs_train", ".2f")]
     if args.before:
         columns += [("old score tok/s", "before_score_tokens_per_s", ",.0f"), ("score ×", "score_speedup", ".2f"),
                     ("old BLiMP tok/s", "before_blimp_tokens_per_s", ",.0f"), ("BLiMP ×", "blimp_speedup", ".2f")]
-    print()
-    print(f"{'model':<12}" + "".join(f"{title:>16}" for title, _, _ in columns))
-    for kind in args.models:
-        row = figures[kind]
-        print(f"{kind:<12}" + "".join(f"{cell(row.get(key), form):>16}" for _, key, form in columns))
-    if args.rounds > 1:
-        for kind in args.models:
-            ratios = figures[kind]["per_round"].get("score_vs_train")
-            if ratios:
-                print(f"{kind}: scoring ×train per round {', '.join(f'{r:.2f}' for r in ratios)}")
-        steps = figures.get("residual_vs_transformer", {}).get("train_step_ratio_per_round")
-        if steps:
-            print(f"residual / transformer step time per round {', '.join(f'{r:.2f}' for r in steps)}")
-    versus = figures.get("residual_vs_transformer", {})
+    print("\n" + bench.table([{"model": kind, **figures[kind]} for kind in args.models], columns, width=16))
+    versus, load = figures.get("residual_vs_transformer", {}), figures["load"]
+    per_round = [(f"{kind}: scoring ×train", figures[kind]["per_round"].get("score_vs_train")) for kind in args.models]
+    for what, ratios in per_round + [("residual / transformer step time", versus.get("train_step_ratio_per_round"))]:
+        if ratios and args.rounds > 1:
+            print(f"{what} per round {', '.join(f'{r:.2f}' for r in ratios)}")
     if "alternating_step_ratio" in versus:
         print(f"residual / transformer, steps alternating in one process ({versus['alternating_rounds']} rounds): "
               f"×{versus['alternating_step_ratio']:.3f} median, ×{versus['alternating_step_ratio_of_minima']:.3f} "
               f"of minima; peak RSS +{versus['peak_rss_extra_gb']:.2f} GB")
-    settings = figures["settings"]
     print(f"\ndev tokens scored: {figures[args.models[0]].get('score_tokens')}, BLiMP pairs: "
-          f"{figures[args.models[0]].get('blimp_pairs')} ({settings['blimp_files'] or 'all'} files); "
-          f"load average {figures['load']['load_average_1min_start']:.1f} → {figures['load']['load_average_1min_end']:.1f} "
-          f"on {figures['load']['cores']} cores; {figures['wall_seconds']:.0f} s")
-    if "residual_vs_transformer" in figures:
-        ratio = figures["residual_vs_transformer"]
-        print(f"residual / transformer: step time ×{cell(ratio['train_step_ratio'], '.2f')}, "
-              f"training peak RSS ×{cell(ratio['train_peak_rss_ratio'], '.2f')}, "
-              f"scoring peak RSS ×{cell(ratio['score_peak_rss_ratio'], '.2f')}")
+          f"{figures[args.models[0]].get('blimp_pairs')} ({figures['settings']['blimp_files'] or 'all'} files); "
+          f"load average {load['load_average_1min_before']:.1f} → {load['load_average_1min_after']:.1f} "
+          f"on {load['cores']} cores; {load['minutes'] * 60:.0f} s")
+    if versus:
+        print("residual / transformer: " + ", ".join(
+            f"{what} ×{'—' if versus[key] is None else format(versus[key], '.2f')}" for what, key in
+            (("step time", "train_step_ratio"), ("training peak RSS", "train_peak_rss_ratio"),
+             ("scoring peak RSS", "score_peak_rss_ratio"))))
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ method alike; medians, per-repeat speed-ups and the load averages are reported.
 Guarding against regressions:
 
 * ``--write-result`` stores the figures in ``results/bench_stats.json`` (with the command,
-  date, machine and load, by ``experiments/results.py``);
+  date, machine and load, by :func:`saffu.runner.write_result`);
 * ``--check`` exits nonzero when the engine is below ``--min-speedup`` times numpy (10 by
   default), when its speed-up over numpy is more than ``--max-slowdown`` times below the
   stored one (numpy in the same run is the yardstick, so the check survives a busy machine),
@@ -40,7 +40,9 @@ from saffu import accumulate_states, local_mesh, offset_cooccurrence, open_workd
 from saffu._io import write_metrics
 from saffu.data.tokenizer import EOD_ID, PAD_ID
 from saffu.engine.accumulators import _compiled_step
+from saffu.eval import bench
 from saffu.flags import script_options
+from saffu.runner import write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "results" / "bench_stats.json"
@@ -133,86 +135,72 @@ def with_engine(stream, acc, mesh, chunk_size, target_order=None):
     return acc.finalize(state)
 
 
-def timed(fn, *args):
-    start = time.perf_counter()
-    out = fn(*args)
-    return out, time.perf_counter() - start
-
-
 def main():
     workdir = open_workdir(ARGS.workdir)
     stream = np.asarray(workdir.tokens(workdir.train_split))
     vocab_size, radius = workdir.vocab_size, ARGS.radius
     codes = sparse_bit_cipher(vocab_size, ARGS.bits)
     tokens = len(stream) - 1
-    mesh = local_mesh()            # all ARGS.devices forced CPU devices
+    mesh, single = local_mesh(), local_mesh(1)            # all ARGS.devices forced CPU devices; one
     print(f"{tokens:,} training tokens, V={vocab_size}, M={radius}, bits={ARGS.bits}, "
           f"median of {ARGS.repeats} interleaved runs")
 
     acc = offset_cooccurrence(codes, vocab_size, radius)   # reused: its step compiles once
-    _, compile_seconds = timed(with_engine, stream[:ARGS.chunk_size], acc, mesh, ARGS.chunk_size)
-    single = local_mesh(1)
+    start = time.perf_counter()
+    with_engine(stream[:ARGS.chunk_size], acc, mesh, ARGS.chunk_size)
+    compile_seconds = time.perf_counter() - start
     with_engine(stream[:ARGS.chunk_size], acc, single, ARGS.chunk_size)
     with_engine(stream[:ARGS.chunk_size], acc, single, ARGS.chunk_size, False)
-    runs = {"engine": [], "engine_one_device": [], "engine_stream_order": [], "numpy": [], "scipy": []}
-    load_before = os.getloadavg()
+    watch = bench.Watch()
     compiled_before = _compiled_step.cache_info().misses
-    for _ in range(ARGS.repeats):  # interleaved, so machine noise hits every method alike
-        F_engine, seconds = timed(with_engine, stream, acc, mesh, ARGS.chunk_size)
-        runs["engine"].append(seconds)
-        runs["engine_one_device"].append(timed(with_engine, stream, acc, single, ARGS.chunk_size)[1])
-        F_stream_order, seconds = timed(with_engine, stream, acc, single, ARGS.chunk_size, False)
-        runs["engine_stream_order"].append(seconds)
-        F_numpy, seconds = timed(with_numpy, stream, codes, vocab_size, radius)
-        runs["numpy"].append(seconds)
-        F_scipy, seconds = timed(with_scipy, stream, codes, vocab_size, radius)
-        runs["scipy"].append(seconds)
+    runs, F = bench.interleave({    # interleaved, so machine noise hits every method alike; named as in the figures
+        "engine_sharded": lambda: with_engine(stream, acc, mesh, ARGS.chunk_size),
+        "engine": lambda: with_engine(stream, acc, single, ARGS.chunk_size),
+        "engine_stream_order": lambda: with_engine(stream, acc, single, ARGS.chunk_size, False),
+        "numpy": lambda: with_numpy(stream, codes, vocab_size, radius),
+        "scipy": lambda: with_scipy(stream, codes, vocab_size, radius)}, ARGS.repeats)
     step_compilations = _compiled_step.cache_info().misses - compiled_before   # 0: every timed pass reused its step
-    load_after = os.getloadavg()
-    sharded_seconds, engine_seconds, stream_order_seconds, numpy_seconds, scipy_seconds = (
-        float(np.median(runs[k])) for k in ("engine", "engine_one_device", "engine_stream_order", "numpy", "scipy"))
-    paired = [n / e for n, e in zip(runs["numpy"], runs["engine_one_device"])]   # same repeat, same load
+    load = watch.load()
+    seconds = {name: float(np.median(times)) for name, times in runs.items()}
+    paired = [n / e for n, e in zip(runs["numpy"], runs["engine"])]   # same repeat, same load
 
-    agree_numpy = float(np.abs(F_engine - F_numpy).max())
-    agree_scipy = float(np.abs(F_engine - F_scipy).max())
-    if not (agree_numpy < 1e-6 and agree_scipy < 1e-6 and np.array_equal(F_engine, F_stream_order)):
+    agree_numpy = float(np.abs(F["engine_sharded"] - F["numpy"]).max())
+    agree_scipy = float(np.abs(F["engine_sharded"] - F["scipy"]).max())
+    same_order = np.array_equal(F["engine_sharded"], F["engine_stream_order"])
+    if not (agree_numpy < 1e-6 and agree_scipy < 1e-6 and same_order):
         sys.exit(f"results disagree: max |engine - numpy| = {agree_numpy}, |engine - scipy| = {agree_scipy}, "
-                 f"target order equal to stream order: {np.array_equal(F_engine, F_stream_order)}")
+                 f"target order equal to stream order: {same_order}")
     metrics = {
         "tokens": tokens, "vocab_size": vocab_size, "radius": radius, "bits": ARGS.bits,
-        "sharded_devices": int(mesh.devices.size), "engine_seconds": engine_seconds,
-        "engine_compile_seconds": compile_seconds, "engine_sharded_seconds": sharded_seconds,
-        "numpy_seconds": numpy_seconds, "scipy_seconds": scipy_seconds,
-        "engine_stream_order_seconds": stream_order_seconds,
-        "target_order_gain": float(np.median([s / t for s, t in zip(runs["engine_stream_order"],
-                                                                    runs["engine_one_device"])])),
-        "engine_stream_order_seconds_per_repeat": runs["engine_stream_order"],
-        "tokens_per_s": tokens / engine_seconds, "tokens_per_s_sharded": tokens / sharded_seconds,
-        "numpy_tokens_per_s": tokens / numpy_seconds, "scipy_tokens_per_s": tokens / scipy_seconds,
-        "speedup_vs_numpy": numpy_seconds / engine_seconds, "speedup_vs_scipy": scipy_seconds / engine_seconds,
-        "speedup_vs_numpy_sharded": numpy_seconds / sharded_seconds,
-        "speedup_vs_scipy_sharded": scipy_seconds / sharded_seconds,
+        "sharded_devices": int(mesh.devices.size), "engine_compile_seconds": compile_seconds,
+        **{f"{name}_seconds": median for name, median in seconds.items()},
+        **{f"{name}_seconds_per_repeat": times for name, times in runs.items()},
+        "target_order_gain": float(np.median([s / t for s, t in zip(runs["engine_stream_order"], runs["engine"])])),
+        "tokens_per_s": tokens / seconds["engine"], "tokens_per_s_sharded": tokens / seconds["engine_sharded"],
+        "numpy_tokens_per_s": tokens / seconds["numpy"], "scipy_tokens_per_s": tokens / seconds["scipy"],
+        **{f"speedup_vs_{peer}{suffix}": seconds[peer] / seconds[engine] for peer in ("numpy", "scipy")
+           for engine, suffix in (("engine", ""), ("engine_sharded", "_sharded"))},
         "max_abs_diff_numpy": agree_numpy, "max_abs_diff_scipy": agree_scipy, "repeats": ARGS.repeats,
         "chunk_size": ARGS.chunk_size, "step_compilations_timed": step_compilations,
-        "speedup_vs_numpy_per_repeat": paired, "min_speedup_vs_numpy": min(paired),
-        "engine_seconds_per_repeat": runs["engine_one_device"], "numpy_seconds_per_repeat": runs["numpy"],
-        "engine_sharded_seconds_per_repeat": runs["engine"], "scipy_seconds_per_repeat": runs["scipy"],
-        "load_before": list(load_before), "load_after": list(load_after),
+        "speedup_vs_numpy_per_repeat": paired, "min_speedup_vs_numpy": min(paired), "load": load,
     }
     n = mesh.devices.size
-    print(f"engine, 1 device : {engine_seconds:6.3f} s {metrics['tokens_per_s']:>12,.0f} tok/s "
-          f"(first call compiles: {compile_seconds:.2f} s)")
-    print(f"engine, stream order: {stream_order_seconds:6.3f} s (target order is {metrics['target_order_gain']:.2f}x "
-          f"as fast, median of the repeats' ratios)")
-    print(f"engine, {n} devices: {sharded_seconds:6.3f} s {metrics['tokens_per_s_sharded']:>12,.0f} tok/s")
-    print(f"numpy np.add.at  : {numpy_seconds:6.3f} s {metrics['numpy_tokens_per_s']:>12,.0f} tok/s "
-          f"-> engine {metrics['speedup_vs_numpy']:.1f}x ({metrics['speedup_vs_numpy_sharded']:.1f}x on {n})")
-    print(f"scipy COO->sum   : {scipy_seconds:6.3f} s {metrics['scipy_tokens_per_s']:>12,.0f} tok/s "
-          f"-> engine {metrics['speedup_vs_scipy']:.1f}x ({metrics['speedup_vs_scipy_sharded']:.1f}x on {n})")
+    print(bench.table([
+        {"method": "engine, 1 device", "seconds": seconds["engine"]},
+        {"method": "engine, stream order", "seconds": seconds["engine_stream_order"]},
+        {"method": f"engine, {n} devices", "seconds": seconds["engine_sharded"]},
+        *({"method": method, "seconds": seconds[name], "one": seconds["engine"], "all": seconds["engine_sharded"]}
+          for name, method in (("numpy", "numpy np.add.at"), ("scipy", "scipy COO->sum")))],
+        [("method", "method", ""), ("seconds", "seconds", ".3f"), ("tokens/s", lambda r: tokens / r["seconds"], ",.0f"),
+         ("engine ×, 1 device", lambda r: bench.ratio(r["seconds"], r.get("one")), ".1f"),
+         (f"engine ×, {n} devices", lambda r: bench.ratio(r["seconds"], r.get("all")), ".1f")], width=22))
+    print(f"first call compiles: {compile_seconds:.2f} s; target order is {metrics['target_order_gain']:.2f}x as fast "
+          f"as stream order (median of the repeats' ratios)")
     print(f"agreement: max |Δ| numpy {agree_numpy:.2e}, scipy {agree_scipy:.2e}")
     print(f"per repeat vs numpy: {', '.join(f'{x:.1f}x' for x in paired)}; step compilations in timed passes: "
-          f"{step_compilations}; load average {load_before[0]:.2f} -> {load_after[0]:.2f}")
-    write_metrics(ARGS.metrics_json, {key: value for key, value in metrics.items() if not isinstance(value, list)})
+          f"{step_compilations}; load average {load['load_average_1min_before']:.2f} -> "
+          f"{load['load_average_1min_after']:.2f}")
+    write_metrics(ARGS.metrics_json, {key: value for key, value in metrics.items() if isinstance(value, (int, float))})
     return metrics
 
 
@@ -226,9 +214,10 @@ def check(metrics: dict) -> list[str]:
     if not RESULT.exists():
         failures.append(f"no stored figures in {RESULT}; run with --write-result first")
         return failures
-    stored = json.loads(RESULT.read_text())["figures"]
+    record = json.loads(RESULT.read_text())
+    stored = record["figures"]
     slowdown = stored["speedup_vs_numpy"] / metrics["speedup_vs_numpy"]
-    print(f"stored ({json.loads(RESULT.read_text())['date']}): engine {stored['engine_seconds']:.3f} s, "
+    print(f"stored ({record['date']}): engine {stored['engine_seconds']:.3f} s, "
           f"{stored['speedup_vs_numpy']:.1f}x numpy; now {metrics['engine_seconds']:.3f} s, "
           f"{metrics['speedup_vs_numpy']:.1f}x: " + (f"{slowdown:.2f}x slower" if slowdown > 1 else
                                                     f"{1 / slowdown:.2f}x faster") + " relative to numpy")
@@ -237,17 +226,12 @@ def check(metrics: dict) -> list[str]:
     return failures
 
 
-def store(name: str, figures: dict, started, load: dict | None = None) -> None:
-    """``results/<name>.json`` through ``experiments/results.py`` (command, date, machine, load)."""
-    from results import write_result
-    print(f"wrote {write_result(name, figures, seeds=[], started=started, load=load)}")
-
-
 def cli() -> None:
     started = datetime.datetime.now(datetime.UTC)
     figures = main()
     if ARGS.write_result:
-        store("bench_stats", figures, started, {"load_before": figures["load_before"], "load_after": figures["load_after"]})
+        path = write_result(ROOT / 'results', 'bench_stats', figures, seeds=[], started=started, load=figures['load'])
+        print(f"wrote {path}")
     if ARGS.check:
         problems = check(figures)
         for problem in problems:

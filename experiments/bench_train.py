@@ -23,14 +23,11 @@ without it that row is left out. The PyTorch rows need ``pip install -e '.[bench
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import glob
+import functools
+import importlib.util
 import json
 import os
-import re
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,12 +36,12 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-#: (name, what runs it, cores): the variants of one round. Cores: "0" one core, "0,1" both.
-VARIANTS = (("saffu", "saffu", "0"), ("saffu-before", "saffu", "0"), ("torch-eager", "torch", "0"),
-            ("torch-compile", "torch", "0"),
-            ("saffu", "saffu", "0,1"), ("saffu-dp2", "saffu", "0,1"), ("saffu-mp2", "saffu", "0,1"),
-            ("saffu-before", "saffu", "0,1"),
-            ("torch-eager", "torch", "0,1"), ("torch-compile", "torch", "0,1"))
+#: The model's and the batch's settings: the options every variant reads (and the figures record).
+MODEL = ("vocab_size", "width", "layers", "heads", "context", "batch_size", "seq_len")
+#: (name, cores): the variants of one round (torch-*: PyTorch's). Cores: "0" one core, "0,1" both.
+VARIANTS = (("saffu", "0"), ("saffu-before", "0"), ("torch-eager", "0"), ("torch-compile", "0"),
+            ("saffu", "0,1"), ("saffu-dp2", "0,1"), ("saffu-mp2", "0,1"), ("saffu-before", "0,1"),
+            ("torch-eager", "0,1"), ("torch-compile", "0,1"))
 
 
 @dataclasses.dataclass
@@ -88,12 +85,6 @@ class Options:
     write_result: bool = False
 
 
-def parse_args(argv=None) -> Options:
-    # imported here, not at the top: a variant's process (:func:`child`) imports its own saffu
-    from saffu.flags import script_options
-    return script_options(Options, argv, __doc__.splitlines()[0])
-
-
 # ------------------------------------------------------------------------------------- children
 
 
@@ -101,11 +92,6 @@ def _page_faults() -> int:
     """Minor page faults of this process so far (memory touched for the first time)."""
     import resource
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-
-
-def _load_spec(path: Path) -> tuple[dict, np.ndarray]:
-    spec = json.loads(path.read_text())
-    return spec, np.load(spec["batches"])
 
 
 def _saffu_child(spec: dict, batches: np.ndarray, data_parallel: bool, profile: bool,
@@ -146,11 +132,9 @@ def _saffu_child(spec: dict, batches: np.ndarray, data_parallel: bool, profile: 
         put = lambda x: put_global(np.asarray(x), split)
     # the revision before takes no mesh argument (it runs only on one device here)
     step_fn = make_train_step(model, optimizer, config, mesh) if data_parallel else make_train_step(model, optimizer, config)
-    first = (put(jnp.asarray(batches[0])), put(jnp.asarray(mask)))
-    compiled = step_fn.lower(params, opt_state, stats, jnp.int32(0), *first, {}).compile()
-    cost = compiled.cost_analysis()
-    cost = cost[0] if isinstance(cost, list) else cost
     inputs = [(put(jnp.asarray(batches[i % len(batches)])), put(jnp.asarray(mask))) for i in range(total)]
+    compiled = step_fn.lower(params, opt_state, stats, jnp.int32(0), *inputs[0], {}).compile()
+    cost = compiled.cost_analysis()        # a dict (this project's jax: every revision runs on it)
     for i in range(total):
         if i == spec["warm_steps"]:
             jax.block_until_ready(params)
@@ -159,6 +143,7 @@ def _saffu_child(spec: dict, batches: np.ndarray, data_parallel: bool, profile: 
     jax.block_until_ready(stats)
     seconds = (time.perf_counter() - start) / spec["steps"]
     faults = (_page_faults() - faults) / spec["steps"]
+    first = inputs[0]
     if job is not None:    # the final loss on one process's copy of the parameters
         from saffu.engine.distributed import local_copy
         params, first = local_copy(params), (jnp.asarray(batches[0]), jnp.asarray(mask))
@@ -168,50 +153,14 @@ def _saffu_child(spec: dict, batches: np.ndarray, data_parallel: bool, profile: 
               "page_faults_per_step": faults, "devices": len(jax.devices()),
               "package": str(Path(saffu.__file__).resolve().parent)}
     if profile:
-        result["profile"] = _profile(compiled, params, opt_state, stats, inputs[0])
+        from saffu.eval.bench import op_profile
+        state = [params, opt_state, stats]
+
+        def step():     # the first batch again and again
+            state[:] = compiled(*state, jnp.int32(0), *inputs[0], {})
+            jax.block_until_ready(state[2])
+        result["profile"] = op_profile(step, compiled.as_text(), steps=2)
     return result
-
-
-def _profile(compiled, params, opt_state, stats, batch, steps: int = 2, top: int = 15) -> list[dict]:
-    """The step's ops by time: ``[{op, kind, what, shape, ms_per_step, share}]`` for the
-    ``top`` ops, from a ``jax.profiler`` trace of ``steps`` steps joined with the compiled HLO
-    (each op's JAX source operation and result shape)."""
-    import jax
-    import jax.numpy as jnp
-    from jax.profiler import ProfileData
-
-    hlo = {}
-    for line in compiled.as_text().splitlines():
-        found = re.match(r"\s*(?:ROOT )?%([\w.\-]+) = (.*?) (\w+)\(.*?op_name=\"([^\"]*)\"", line)
-        if found:
-            hlo[found.group(1)] = (found.group(2), found.group(3), found.group(4))
-    with tempfile.TemporaryDirectory() as trace:
-        jax.profiler.start_trace(trace)
-        for i in range(steps):
-            params, opt_state, stats = compiled(params, opt_state, stats, jnp.int32(i), *batch, {})
-        jax.block_until_ready(stats)
-        jax.profiler.stop_trace()
-        data = ProfileData.from_file(glob.glob(f"{trace}/**/*.xplane.pb", recursive=True)[-1])
-        times = collections.Counter()
-        for plane in data.planes:
-            for line in plane.lines:
-                if not line.name.startswith("tf_XLAEigen"):
-                    continue
-                for event in line.events:
-                    # the executor's own spans and loops hold other ops: count the leaves only
-                    if not event.name.startswith("Thunk") and not event.name.startswith("while"):
-                        times[event.name] += event.duration_ns / 1e6 / steps
-    whole = sum(times.values())
-    groups: dict[tuple, list] = {}
-    for name, ms in times.items():      # the same operation at every layer is one row
-        shape, kind, what = hlo.get(name, ("", "other", "ops without a JAX source operation (copies, loop steps)"))
-        kind = "matmul" if name.startswith("dot") or "dot_general" in what else kind
-        group = groups.setdefault((kind, shape.split("{")[0], re.sub(r"^jit\(step_fn\)/", "", what)), [0.0, 0])
-        group[0] += ms
-        group[1] += 1
-    rows = [{"kind": kind, "shape": shape, "what": what, "ops": count, "ms_per_step": ms, "share": ms / whole}
-            for (kind, shape, what), (ms, count) in groups.items()]
-    return sorted(rows, key=lambda row: -row["ms_per_step"])[:top]
 
 
 def _torch_child(spec: dict, batches: np.ndarray, compile_: bool, threads: int) -> dict:
@@ -221,8 +170,7 @@ def _torch_child(spec: dict, batches: np.ndarray, compile_: bool, threads: int) 
     import torch
 
     torch.set_num_threads(threads)
-    init = dict(np.load(spec["init"]))
-    model = _torch_model(spec, init)
+    model = _torch_model(spec, dict(np.load(spec["init"])))
     total = spec["warm_steps"] + spec["steps"]
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
     warmup = 2
@@ -231,9 +179,7 @@ def _torch_child(spec: dict, batches: np.ndarray, compile_: bool, threads: int) 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     context = spec["context"]
 
-    def loss_of(module, windows):
-        return module(windows[:, :-1], windows[:, context:], context - 1)
-
+    loss_of = lambda module, windows: module(windows[:, :-1], windows[:, context:], context - 1)
     forward = torch.compile(model) if compile_ else model
     windows = [torch.from_numpy(batches[i % len(batches)].astype(np.int64)) for i in range(total)]
     losses = []
@@ -264,32 +210,29 @@ def _torch_model(spec: dict, init: dict):
     d, heads, eod = spec["width"], spec["heads"], spec["eod_id"]
     tensor = lambda name: torch.from_numpy(np.ascontiguousarray(init[name]))
 
-    def linear(prefix_or_kernel, bias, n_in, n_out):
-        layer = nn.Linear(n_in, n_out)
+    def loaded(layer, weight, bias):
         with torch.no_grad():
-            layer.weight.copy_(prefix_or_kernel.reshape(n_in, n_out).T)
-            layer.bias.copy_(bias.reshape(n_out))
+            layer.weight.copy_(weight)
+            layer.bias.copy_(bias)
         return layer
 
-    def norm(prefix):
-        layer = nn.LayerNorm(d, eps=1e-6)
-        with torch.no_grad():
-            layer.weight.copy_(tensor(f"{prefix}/scale"))
-            layer.bias.copy_(tensor(f"{prefix}/bias"))
-        return layer
+    def linear(kernel, bias):       # a [in, …, out] kernel (its out dims those of the bias) as a [out, in] weight
+        bias = bias.reshape(-1)
+        kernel = kernel.reshape(-1, len(bias))
+        return loaded(nn.Linear(*kernel.shape), kernel.T, bias)
+
+    dense = lambda prefix: linear(tensor(f"{prefix}/kernel"), tensor(f"{prefix}/bias"))
+    norm = lambda prefix: loaded(nn.LayerNorm(d, eps=1e-6), tensor(f"{prefix}/scale"), tensor(f"{prefix}/bias"))
 
     class Block(nn.Module):
         def __init__(self, i):
             super().__init__()
             p = f"blocks/{i}"
-            qkv = [tensor(f"{p}/attention/{n}/kernel").reshape(d, d) for n in ("query", "key", "value")]
-            qkv_bias = [tensor(f"{p}/attention/{n}/bias").reshape(d) for n in ("query", "key", "value")]
+            qkv = [f"{p}/attention/{n}" for n in ("query", "key", "value")]
             self.ln_1, self.ln_2 = norm(f"{p}/attention_norm"), norm(f"{p}/mlp_norm")
-            self.attn = linear(torch.cat(qkv, 1), torch.cat(qkv_bias), d, 3 * d)
-            self.proj = linear(tensor(f"{p}/attention/out/kernel"), tensor(f"{p}/attention/out/bias"), d, d)
-            hidden = tensor(f"{p}/mlp_in/kernel").shape[1]
-            self.fc = linear(tensor(f"{p}/mlp_in/kernel"), tensor(f"{p}/mlp_in/bias"), d, hidden)
-            self.fc_out = linear(tensor(f"{p}/mlp_out/kernel"), tensor(f"{p}/mlp_out/bias"), hidden, d)
+            self.attn = linear(torch.cat([tensor(f"{q}/kernel").reshape(d, d) for q in qkv], 1),
+                               torch.cat([tensor(f"{q}/bias").reshape(d) for q in qkv]))
+            self.proj, self.fc, self.fc_out = (dense(f"{p}/{n}") for n in ("attention/out", "mlp_in", "mlp_out"))
 
         def forward(self, x, mask):
             b, s, _ = x.shape
@@ -306,7 +249,7 @@ def _torch_model(spec: dict, init: dict):
             self.positions = nn.Parameter(tensor("positions"))
             self.blocks = nn.ModuleList(Block(i) for i in range(spec["layers"]))
             self.ln_f = norm("final_norm")
-            self.head = linear(tensor("output/kernel"), tensor("output/bias"), d, spec["vocab_size"])
+            self.head = dense("output")
 
         def forward(self, tokens, targets, predict_from):
             s = tokens.shape[1]
@@ -322,16 +265,19 @@ def _torch_model(spec: dict, init: dict):
     return GPT()
 
 
-def child(name: str, spec_path: str, out: str, process_id: int = 0, coordinator: str | None = None) -> None:
-    """One variant's process (:func:`_run_child`): its figures written to ``out`` (by process 0)."""
-    spec, batches = _load_spec(Path(spec_path))
+def child(name: str, spec_path: str, process_id: int = 0, coordinator: str | None = None) -> None:
+    """One variant's process (:func:`_run_child`): its figures printed (by process 0) as the
+    ``RESULT <json>`` line that :func:`saffu.eval.bench.run_pinned` reads (printed here: the
+    process imports no saffu but its variant's)."""
+    spec = json.loads(Path(spec_path).read_text())
+    batches = np.load(spec["batches"])
     if name.startswith("torch"):
         result = _torch_child(spec, batches, name == "torch-compile", spec["threads"])
     else:
         job = (coordinator, process_id) if name == "saffu-mp2" else None
         result = _saffu_child(spec, batches, name in ("saffu-dp2", "saffu-mp2"), spec.get("profile", False), job)
     if process_id == 0:
-        Path(out).write_text(json.dumps(result))
+        print("RESULT " + json.dumps(result), flush=True)
 
 
 # --------------------------------------------------------------------------------------- parent
@@ -344,6 +290,7 @@ def _prepare(args, folder: Path) -> dict:
 
     from saffu.configs import TrainConfig, TransformerConfig
     from saffu.data.tokenizer import EOD_ID
+    from saffu.interop.init import path_name
     from saffu.models.interface import model_init
     from saffu.training.trainer import BatchSchedule
 
@@ -363,22 +310,18 @@ def _prepare(args, folder: Path) -> dict:
     schedule = BatchSchedule(stream, model, TrainConfig(batch_size=args.batch_size, seq_len=args.seq_len))
     batches = np.stack([np.asarray(schedule(i)[0]) for i in range(total)]).astype(np.int32)
     np.save(folder / "batches.npy", batches)
-    params = model_init(model, jax.random.key(0))
-    flat = {"/".join(str(getattr(k, "key", k)) for k in path): np.asarray(leaf)
-            for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]}
-    np.savez(folder / "init.npz", **flat)
-    return {"vocab_size": args.vocab_size, "width": args.width, "layers": args.layers, "heads": args.heads,
-            "context": args.context, "batch_size": args.batch_size, "seq_len": args.seq_len,
-            "warm_steps": args.warm_steps, "steps": args.steps, "eod_id": EOD_ID, "backend": jax.default_backend(),
-            "batches": str(folder / "batches.npy"), "init": str(folder / "init.npz"), "data": source}
+    leaves = jax.tree_util.tree_flatten_with_path(model_init(model, jax.random.key(0)))[0]
+    np.savez(folder / "init.npz", **{path_name(path): np.asarray(leaf) for path, leaf in leaves})    # flattened names
+    return {**{k: getattr(args, k) for k in (*MODEL, "warm_steps", "steps")}, "eod_id": EOD_ID,
+            "backend": jax.default_backend(), "batches": str(folder / "batches.npy"),
+            "init": str(folder / "init.npz"), "data": source}
 
 
 def _run_child(name: str, cores: str, spec: dict, folder: Path, before: Path | None, profile: bool = False) -> dict:
-    """One variant in its own process pinned to ``cores``."""
-    spec = {**spec, "threads": len(cores.split(",")), "profile": profile}
-    spec_path, out = folder / "spec.json", folder / "out.json"
-    spec_path.write_text(json.dumps(spec))
-    out.unlink(missing_ok=True)
+    """One variant in its own process pinned to ``cores`` (``saffu-mp2``: one process per core)."""
+    from saffu.eval import bench
+    spec_path = folder / "spec.json"
+    spec_path.write_text(json.dumps({**spec, "threads": len(cores.split(",")), "profile": profile}))
     # the process calls child() and parses no flags, so it imports its variant's saffu only (the
     # revision before's; none for PyTorch, whose host allocator saffu's import would set)
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PYTHONPATH")}
@@ -388,139 +331,102 @@ def _run_child(name: str, cores: str, spec: dict, folder: Path, before: Path | N
     if name == "saffu-dp2":
         env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
 
-    def command(*job) -> list[str]:     # child(name, spec, out[, process id, coordinator]) in a fresh Python
-        arguments = ", ".join(map(repr, (name, str(spec_path), str(out), *job)))
-        return [sys.executable, "-c", f"from bench_train import child; child({arguments})"]
-
-    if name == "saffu-mp2":     # one process per core, joined by jax.distributed
-        from saffu.engine.distributed import local_coordinator
-        coordinator = local_coordinator()
-        jobs = [subprocess.Popen(["taskset", "-c", core, *command(i, coordinator)], cwd=cwd, env=env,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                for i, core in enumerate(cores.split(","))]
-        done = [(job, *job.communicate()) for job in jobs]
-        failed = [err for job, _, err in done if job.returncode]
-    else:
-        run = subprocess.run(["taskset", "-c", cores, *command()], cwd=cwd, env=env, capture_output=True, text=True)
-        failed = [run.stderr] if run.returncode else []
-    if failed:
-        raise RuntimeError(f"{name} on cores {cores} failed:\n{failed[0][-3000:]}")
-    return json.loads(out.read_text())
+    # saffu-mp2: one process per core, joined by jax.distributed
+    from saffu.engine.distributed import local_coordinator
+    pinned, job = (cores.split(","), [local_coordinator()]) if name == "saffu-mp2" else ([cores], [])
+    # child(name, spec, process id[, coordinator]) in a fresh Python
+    commands = [bench.python_call("bench_train", "child", name, str(spec_path), i, *job) for i in range(len(pinned))]
+    return bench.run_pinned(commands, pinned, cwd=cwd, env=env)
 
 
 def _wanted(args, torch_ok: bool) -> list[tuple[str, str]]:
-    rows = [(name, cores) for name, _, cores in VARIANTS]
-    if args.variants:
-        chosen = [v.split("@") for v in args.variants.split(",")]
-        rows = [(n, c) for n, c in rows
-                if any(n == w[0] and (len(w) == 1 or int(w[1]) == len(c.split(","))) for w in chosen)]
-    if not args.before:
-        rows = [r for r in rows if r[0] != "saffu-before"]
-    if not torch_ok:
-        rows = [r for r in rows if not r[0].startswith("torch")]
-    if os.cpu_count() < 2:
-        rows = [r for r in rows if r[1] == "0"]
-    return rows
+    """The variants of :data:`VARIANTS` that --variants names (all without it) and that can run here."""
+    chosen = [v.split("@") for v in args.variants.split(",")] if args.variants else None
+    return [(n, c) for n, c in VARIANTS
+            if (chosen is None or any(n == w[0] and (len(w) == 1 or int(w[1]) == len(c.split(","))) for w in chosen))
+            and (args.before or n != "saffu-before") and (torch_ok or not n.startswith("torch"))
+            and (os.cpu_count() >= 2 or c == "0")]
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    # imported here, not at the top: a variant's process (:func:`child`) imports its own saffu
+    from saffu.eval import bench
+    from saffu.flags import script_options
+    args = script_options(Options, argv, __doc__.splitlines()[0])
     if args.quick:
         args.vocab_size, args.width, args.layers, args.seq_len, args.batch_size = 2048, 64, 2, 64, 8
         args.steps, args.rounds, args.workdir = 3, 1, Path("/nonexistent")
     if args.before and not (args.before / "saffu" / "__init__.py").exists():
         raise SystemExit(f"--before {args.before}: no saffu/ package there (make one with `git worktree add DIR REV`)")
-    try:
-        import torch  # noqa: F401
-        torch_ok = True
-    except ImportError:
-        torch_ok = False
+    torch_ok = importlib.util.find_spec("torch") is not None
+    if not torch_ok:
         print("PyTorch is not installed (pip install -e '.[bench]'): its rows are left out")
-    load_before = os.getloadavg()[0]
-    started = time.time()
+    watch = bench.Watch()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         spec = _prepare(args, folder)
-        rows = _wanted(args, torch_ok)
-        runs: dict[tuple[str, str], list[dict]] = {row: [] for row in rows}
-        for round_ in range(args.rounds):
-            for name, cores in rows:
-                result = _run_child(name, cores, spec, folder, args.before)
-                runs[(name, cores)].append(result)
-                print(f"round {round_ + 1}/{args.rounds} {name:>14} cores {cores:>3}: "
-                      f"{result['seconds_per_step'] * 1e3:8.1f} ms/step, final loss {result['final_loss']:.5f}, "
-                      f"{result['page_faults_per_step']:,.0f} page faults/step", flush=True)
+        runs = bench.in_rounds(
+            {row: functools.partial(_run_child, *row, spec, folder, args.before) for row in _wanted(args, torch_ok)},
+            args.rounds, lambda i, row, result: print(
+                f"round {i}/{args.rounds} {row[0]:>14} cores {row[1]:>3}: "
+                f"{result['seconds_per_step'] * 1e3:8.1f} ms/step, final loss {result['final_loss']:.5f}, "
+                f"{result['page_faults_per_step']:,.0f} page faults/step", flush=True))
         profile = (_run_child("saffu", "0", spec, folder, None, profile=True)["profile"]
                    if ("saffu", "0") in runs else [])
     figures = _figures(args, spec, runs, profile)
-    load = {"load_average_1min_before": load_before, "load_average_1min_after": os.getloadavg()[0],
-            "minutes": (time.time() - started) / 60}
-    _print(figures, load)
+    load = watch.load()
+    print("\n" + bench.table(figures["rows"], [
+        ("variant", "variant", ""), ("cores", "cores", "d"), ("ms/step", lambda r: r["seconds_per_step"] * 1e3, ".1f"),
+        ("tokens/s", "tokens_per_s", ",.0f"), ("per core", "tokens_per_s_per_core", ",.0f"),
+        ("GFLOP/s", "gflops_per_s", ".1f"), ("train loss", "mean_train_loss", ".5f"),
+        ("final loss", "final_loss", ".5f")], width=9))
+    for key in ("speedup_vs_before", "speedup_vs_torch", "speedup_two_cores"):
+        print(f"{key}: {figures[key]:.2f}" if figures[key] else f"{key}: not measured")
+    if figures["profile"]:
+        print("\nsaffu's step, top ops (one core):\n" + bench.op_text(figures["profile"]))
+    print(f"load: {load}")
     from saffu._io import write_metrics
     write_metrics(args.metrics_json, {k: v for k, v in figures.items() if isinstance(v, (int, float))})
     if args.write_result:
-        from results import write_result
-        print(f"wrote {write_result('bench_train', figures, seeds=[0], load=load)}")
+        from saffu.runner import write_result
+        print(f"wrote {write_result(ROOT / 'results', 'bench_train', figures, seeds=[0], load=load)}")
     return 0
 
 
 def _figures(args, spec: dict, runs: dict, profile: list[dict]) -> dict:
+    from saffu.eval.bench import median_row, ratio
     tokens = args.batch_size * args.seq_len
     # XLA's cost analysis counts a loop's body once, and today's step runs its output layer and
     # attention in loops over chunks and windows: the count of the plain step (the revision
     # before, where it ran) is the model's whole computation
-    counted = [r["xla_flops"] for name in ("saffu-before", "saffu") for (n, _), rs in runs.items() if n == name
+    counted = [(r["xla_flops"], n) for name in ("saffu-before", "saffu") for (n, _), rs in runs.items() if n == name
                for r in rs if r.get("xla_flops")]
-    flops = counted[0] if counted else None
-    flops_from = next((n for n in ("saffu-before", "saffu") if any(k[0] == n for k in runs)), None)
+    flops, flops_from = counted[0] if counted else (None, None)
     rows = []
     for (name, cores), results in runs.items():
-        seconds = statistics.median(r["seconds_per_step"] for r in results)
-        count = len(cores.split(","))
+        median, count = median_row(results, ["seconds_per_step"]), len(cores.split(","))
+        seconds = median["seconds_per_step"]
         rows.append({"variant": name, "cores": count, "seconds_per_step": seconds,
-                     "seconds_per_step_rounds": [r["seconds_per_step"] for r in results],
+                     "seconds_per_step_rounds": median["per_round"]["seconds_per_step"],
                      "tokens_per_s": tokens / seconds, "tokens_per_s_per_core": tokens / seconds / count,
                      "gflops_per_s": flops / seconds / 1e9 if flops else None,
                      "own_xla_flops": results[0].get("xla_flops"),
                      "mean_train_loss": results[-1]["mean_train_loss"], "final_loss": results[-1]["final_loss"],
-                     "page_faults_per_step": statistics.median(r["page_faults_per_step"] for r in results)})
-    by = {(r["variant"], r["cores"]): r for r in rows}
-    speed = lambda name, cores: by[(name, cores)]["tokens_per_s"] if (name, cores) in by else None
-    ratio = lambda a, b: a / b if a and b else None
-    torch_one = max((s for s in (speed("torch-eager", 1), speed("torch-compile", 1)) if s), default=None)
-    two = max((s for s in (speed("saffu", 2), speed("saffu-dp2", 2), speed("saffu-mp2", 2)) if s), default=None)
-    reference = by.get(("saffu", 1), {}).get("final_loss")
-    return {"speedup_vs_before": ratio(speed("saffu", 1), speed("saffu-before", 1)),
-            "speedup_vs_torch": ratio(speed("saffu", 1), torch_one),
-            "speedup_two_cores": ratio(two, speed("saffu", 1)),
-            "best_two_core_variant": max(((s, n) for n in ("saffu", "saffu-dp2", "saffu-mp2") if (s := speed(n, 2))),
-                                         default=(None, None))[1],
+                     "page_faults_per_step": median["page_faults_per_step"]})
+    speed = {(r["variant"], r["cores"]): r["tokens_per_s"] for r in rows}
+    best = lambda *keys: max(((speed[k], k[0]) for k in keys if k in speed), default=(None, None))
+    reference = next((r["final_loss"] for r in rows if (r["variant"], r["cores"]) == ("saffu", 1)), None)
+    two_cores = best(("saffu", 2), ("saffu-dp2", 2), ("saffu-mp2", 2))
+    return {"speedup_vs_before": ratio(speed.get(("saffu", 1)), speed.get(("saffu-before", 1))),
+            "speedup_vs_torch": ratio(speed.get(("saffu", 1)), best(("torch-eager", 1), ("torch-compile", 1))[0]),
+            "speedup_two_cores": ratio(two_cores[0], speed.get(("saffu", 1))), "best_two_core_variant": two_cores[1],
             "max_final_loss_difference": max((abs(r["final_loss"] - reference) for r in rows), default=None)
             if reference is not None else None,
             "xla_flops_per_step": flops, "xla_flops_from": flops_from, "tokens_per_step": tokens,
-            "model": {k: spec[k] for k in ("vocab_size", "width", "layers", "heads", "context", "batch_size",
-                                           "seq_len")},
+            "model": {k: spec[k] for k in MODEL},
             "backend": spec["backend"], "data": spec["data"],
             "steps": {"warm": args.warm_steps, "timed": args.steps, "rounds": args.rounds},
             "rows": rows, "profile": profile}
-
-
-def _print(figures: dict, load: dict) -> None:
-    print(f"\n{'variant':>14} {'cores':>5} {'ms/step':>9} {'tokens/s':>9} {'per core':>9} {'GFLOP/s':>8} "
-          f"{'train loss':>11} {'final loss':>11}")
-    for r in figures["rows"]:
-        gflops = f"{r['gflops_per_s']:8.1f}" if r["gflops_per_s"] else f"{'':>8}"
-        print(f"{r['variant']:>14} {r['cores']:>5} {r['seconds_per_step'] * 1e3:9.1f} {r['tokens_per_s']:9,.0f} "
-              f"{r['tokens_per_s_per_core']:9,.0f} {gflops} {r['mean_train_loss']:11.5f} {r['final_loss']:11.5f}")
-    for key in ("speedup_vs_before", "speedup_vs_torch", "speedup_two_cores"):
-        value = figures[key]
-        print(f"{key}: {value:.2f}" if value else f"{key}: not measured")
-    if figures["profile"]:
-        print("\nsaffu's step, top ops (one core):")
-        for p in figures["profile"]:
-            print(f"  {p['ms_per_step']:7.1f} ms {p['share']:6.1%} {p['ops']:>3} × {p['kind']:>8} {p['shape']:>20}  "
-                  f"{p['what'][:60]}")
-    print(f"load: {load}")
 
 
 if __name__ == "__main__":

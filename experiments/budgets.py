@@ -50,11 +50,15 @@ from pathlib import Path
 
 import any_model
 
-from results import RESULTS, write_result
 from saffu._io import SaffuError
-from saffu.eval.race import LOWER_BOUND, MEASURED, UPPER_BOUND, bound_text, compute_with_solve, multiplier, steps_to_reach
+from saffu.data.workdir import open_workdir
+from saffu.eval import race
+from saffu.eval.plots import Series, plot_against_compute
+from saffu.eval.race import compute_with_solve
 from saffu.flags import script_options
-from saffu.runner import sweep
+from saffu.runner import final_figures, history, joined, recorded, steps_per_epoch, sweep, write_result
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 #: The vocabulary of the work directory every run made before rows recorded their own
 #: (babylm-2023-4src, BPE 8,192).
@@ -85,19 +89,11 @@ ARCHITECTURE_NAMES = {"saffu": "the project's transformer", "llama": "penzai's L
 GRID_STARTS = ("cold", "explicit-init", "residual", "residual-crossfit")
 
 
-def cold_of(start: str) -> str:
-    """The cold start of ``start``'s architecture, which an explicit start's multiplier and steps
-    are measured against: ``"cold"`` for the project's transformer, the random init of the same
-    model for a start of :data:`MODEL_STARTS` (a random init is its own cold start)."""
-    if start not in MODEL_STARTS:
-        return "cold"
-    model = MODEL_STARTS[start][0]
-    return next(name for name, (other, init) in MODEL_STARTS.items() if other == model and init == "random")
-
-
-def architecture(start: str) -> str:
-    """``"saffu"`` (the project's transformer) or the :mod:`any_model` model a start trains."""
-    return MODEL_STARTS[start][0] if start in MODEL_STARTS else "saffu"
+#: The cold start of each start's architecture, which an explicit start's multiplier and steps are
+#: measured against: the random init of the same model for a start of :data:`MODEL_STARTS` (a random
+#: init is its own cold start); ``"cold"`` for the project's transformer (``COLD_OF.get(start, "cold")``).
+COLD_OF = {start: next(name for name, (other, init) in MODEL_STARTS.items() if other == model and init == "random")
+           for start, (model, _) in MODEL_STARTS.items()}
 
 
 def grid() -> list[tuple[str, int, int, int]]:
@@ -130,8 +126,6 @@ def spec_of(start: str, epochs: int, width: int, seed: int, rate: float, workdir
     of ``workdir``'s training split at 16 × 256 targets a step, its dev loss on 128 dev windows
     every 50 steps, scored on the whole dev split; a residual over the exact run ``exact``
     (``quick``: :data:`QUICK`'s settings over these)."""
-    meta = json.loads((Path(workdir) / "meta.json").read_text())
-    targets = meta["splits"][meta.get("train_split", "train_10M")]["tokens"] - 1
     start_section, options = {"init": "explicit" if start.startswith("explicit") else "random",
                               "model": "transformer"}, {}
     if start == "explicit-init-rms1":
@@ -144,7 +138,7 @@ def spec_of(start: str, epochs: int, width: int, seed: int, rate: float, workdir
     return {"start": start_section, "options": {**options, **small.get("options", {})}, "eval": {"eval_tokens": 0},
             "model": {"kind": "transformer", "block": "gpt", "output_bias": True, "width": width, "layers": 5,
                       **small.get("model", {})},
-            "train": {**train, "steps": epochs * max(targets // (train["seq_len"] * train["batch_size"]), 1),
+            "train": {**train, "steps": epochs * steps_per_epoch(workdir, train["seq_len"] * train["batch_size"]),
                       "learning_rate": rate, "seed": seed, "eval_every": 50, "eval_windows": 128,
                       "checkpoint_every": 200}}
 
@@ -160,24 +154,26 @@ NAME = re.compile(r"(?P<start>[a-z0-9-]+)_e(?P<epochs>\d+)_w(?P<width>\d+)_s(?P<
 #: The sweep's name of each multiplier kind of :mod:`saffu.eval.race` (its rows keep these words):
 #: the cold curve reaches the run's figure inside it, only beyond its largest compute (a lower
 #: bound) or before its smallest (an upper bound).
-HOW = {MEASURED: "interpolated", LOWER_BOUND: "beyond", UPPER_BOUND: "before"}
+HOW = {race.MEASURED: "interpolated", race.LOWER_BOUND: "beyond", race.UPPER_BOUND: "before"}
 
 
-def _cold_run(row: dict, rows: list[dict]) -> dict | None:
-    """The cold run of ``row``'s budget (vocabulary, width, epochs, seed) with a curve, or None."""
-    return next((r for r in rows if r["start"] == cold_of(row["start"]) and r.get("curve") and
-                 all(r[k] == row[k] for k in ("vocab_size", "width", "epochs", "seed"))), None)
+def colds(row: dict, rows: list[dict], *same: str) -> list[dict]:
+    """The runs of ``row``'s cold start (:data:`COLD_OF`) of its vocabulary and width, and of its
+    ``same`` settings too (``"epochs"``, ``"seed"``: the cold run of its budget)."""
+    return [r for r in rows if r["start"] == COLD_OF.get(row["start"], "cold")
+            and all(r[k] == row[k] for k in ("vocab_size", "width", *same))]
 
 
-def share_of_steps_to_cold(row: dict, rows: list[dict]) -> float | None:
+def share_of_steps_to_cold(row: dict, rows: list[dict]) -> tuple[float | None, str]:
     """The share of an explicit run's steps it took to reach the final periodic dev loss of the
     cold run of the same budget (vocabulary, width, epochs, seed), read off both runs' curves of
-    the same dev windows; ``None`` when a curve is missing or the run never got there."""
-    cold = _cold_run(row, rows)
+    the same dev windows, and the table's text of it; ``None`` when a curve is missing (the text
+    "–") or the run never got there ("not reached")."""
+    cold = next((r for r in colds(row, rows, "epochs", "seed") if r.get("curve")), None)
     if cold is None or not row.get("curve"):
-        return None
-    step = steps_to_reach(row["curve"], cold["curve"][-1][1])
-    return None if step is None else step / row["steps"]
+        return None, "–"
+    step = race.steps_to_reach(row["curve"], cold["curve"][-1][1])
+    return (None, "not reached") if step is None else (step / row["steps"], f"{step / row['steps']:.0%}")
 
 
 DERIVED = ("cold_compute_to_match", "multiplier", "multiplier_is", "multiplier_text", "share_of_steps_to_cold",
@@ -191,81 +187,48 @@ def key(row: dict) -> tuple:
 def recorded_rows() -> list[dict]:
     """The rows ``results/budgets.json`` already holds (runs of earlier sessions, whose run
     folders stayed on their machine), without what :func:`report` derives from all rows."""
-    path = RESULTS / "budgets.json"
-    if not path.exists():
-        return []
     return [{"vocab_size": FIRST_VOCAB, **{k: v for k, v in row.items() if k not in DERIVED}}
-            for row in json.loads(path.read_text())["figures"]["rows"]]
+            for row in recorded(RESULTS / "budgets.json").get("rows", [])]
 
 
-def probe_choices() -> dict:
-    """The learning-rate probes of earlier sessions that ``results/budgets.json`` records (per
-    start ``{"losses": {rate: last periodic dev loss}, "learning_rate": the best, "fraction":
-    the share of train}``)."""
-    path = RESULTS / "budgets.json"
-    return dict(json.loads(path.read_text())["figures"].get("probes", {})) if path.exists() else {}
-
-
-def cold_curve(rows: list[dict], width: int, vocab_size: int = FIRST_VOCAB,
-               start: str = "cold") -> list[tuple[float, float]]:
-    """A cold start's (``start``: ``cold``, or another architecture's random init)
-    ``(compute, whole-dev bits per byte)`` per budget at ``width`` and ``vocab_size``, seeds
-    averaged."""
-    cold = [r for r in rows if r["start"] == start and r["width"] == width and r["vocab_size"] == vocab_size]
-    curve = []
-    for epochs in sorted({r["epochs"] for r in cold}):
-        group = [r for r in cold if r["epochs"] == epochs]
-        curve.append((sum(r["compute"] for r in group) / len(group), sum(r["dev_bpb"] for r in group) / len(group)))
-    return curve
-
-
-def _found(folder: Path) -> tuple[str, int, int, dict, str] | None:
-    """``(start, epochs, width, result, workdir)`` of a finished run folder of the sweep: a run of
-    :func:`spec_of` (its figures with its settings, vocabulary and metrics) or one of
-    :mod:`any_model`'s Llama-like starts; ``None`` for any other folder."""
+def _row(folder: Path, out: Path) -> dict | None:
+    """The row of a finished run folder of the sweep under ``out``: a run of :func:`spec_of` (its
+    settings from its name, its vocabulary from its config) or one of :mod:`any_model`'s Llama-like
+    starts, with its figures (:func:`saffu.runner.final_figures`), compute, periodic dev curve and
+    the command that reproduces it; ``None`` for any other folder."""
     r = json.loads((folder / "result.json").read_text())
     match = NAME.fullmatch(folder.name)
     if (folder / "spec.json").exists() and match and match["start"] in STARTS:
         config = json.loads((folder / "config.json").read_text())
-        history = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
-        r.update(seed=int(match["seed"]), learning_rate=float(match["rate"]), history=history,
-                 trained_params=r.get("trained_params", r["params"]), solve_seconds=r.get("solve_seconds", 0.0),
-                 vocab_size=config["model"].get("vocab_size") or config["model"]["base"]["vocab_size"])  # residual: its base
-        return match["start"], int(match["epochs"]), int(match["width"]), r, config["workdir"]
-    start = f"{r.get('model')}-{r.get('variant')}"
-    if start in MODEL_STARTS and r.get("epochs"):
-        return start, r["epochs"], r.get("width", 128), r, r.get("workdir", "runs/babylm")
-    return None
+        row = {"start": match["start"], "epochs": int(match["epochs"]), "width": int(match["width"]),
+               "seed": int(match["seed"]), "learning_rate": float(match["rate"]),
+               "trained_params": r.get("trained_params", r["params"]),     # a residual's vocabulary: its base's
+               "vocab_size": config["model"].get("vocab_size") or config["model"]["base"]["vocab_size"]}
+        records, workdir = history(folder), config["workdir"]
+    elif f"{r.get('model')}-{r.get('variant')}" in MODEL_STARTS and r.get("epochs"):
+        row = {"start": f"{r['model']}-{r['variant']}", "epochs": r["epochs"], "width": r.get("width", 128),
+               "seed": r["seed"], "learning_rate": r["learning_rate"], "trained_params": r["trained_params"],
+               "vocab_size": r.get("vocab_size", FIRST_VOCAB)}
+        records, workdir = r["history"], r.get("workdir", "runs/babylm")
+    else:
+        return None
+    row.update(final_figures(r, records))
+    finished = datetime.datetime.fromtimestamp((folder / "result.json").stat().st_mtime, datetime.UTC)
+    row.update(compute=compute_with_solve(row["flops"], row["train_seconds"], row["solve_seconds"]),
+               finished=finished.isoformat(timespec="seconds"),
+               curve=[(h["step"], h["dev_loss"]) for h in records if h.get("dev_loss") is not None],
+               reproduce=f"python experiments/budgets.py --workdir {workdir} --out {out} "
+                         f"--runs {row['start']}:{row['epochs']}:{row['width']}:{row['seed']}"
+                         + ("" if row["learning_rate"] == RATES[row["start"]] else f":{row['learning_rate']:g}"))
+    return row
 
 
 def gathered_rows(*outs: Path) -> list[dict]:
-    """One row per finished run of the sweep: this machine's under each ``out/runs``, then the
-    rows of ``results/budgets.json`` from earlier sessions that none of them holds; without
-    what :func:`report` derives from all rows."""
-    rows = []
-    for folder in outs:
-        for path in sorted((folder / "runs").glob("*/result.json")):
-            found = _found(path.parent)
-            if found is None:
-                continue
-            start, epochs, width, r, workdir = found
-            last = r["history"][-1]
-            finished = datetime.datetime.fromtimestamp(path.stat().st_mtime, datetime.UTC)
-            rows.append({"start": start, "epochs": epochs, "width": width,
-                         "seed": r["seed"], "learning_rate": r["learning_rate"], "dev_bpb": r["dev_bpb"],
-                         "dev_loss": r["dev_loss"], "train_loss": last["train_loss"],
-                         "last_dev_window_loss": last["dev_loss"], "train_seconds": last["seconds"],
-                         "solve_seconds": r["solve_seconds"], "flops": last["flops"],
-                         "compute": compute_with_solve(last["flops"], last["seconds"], r["solve_seconds"]),
-                         "steps": last["step"], "trained_params": r["trained_params"],
-                         "finished": finished.isoformat(timespec="seconds"),
-                         "vocab_size": r.get("vocab_size", FIRST_VOCAB),
-                         "curve": [(h["step"], h["dev_loss"]) for h in r["history"] if h.get("dev_loss") is not None],
-                         "reproduce": f"python experiments/budgets.py --workdir {workdir} --out {folder} "
-                                      f"--runs {start}:{epochs}:{width}:{r['seed']}"
-                                      + ("" if r["learning_rate"] == RATES[start] else f":{r['learning_rate']:g}")})
-    here = {key(row) for row in rows}
-    return rows + [row for row in recorded_rows() if key(row) not in here]
+    """One row per finished run of the sweep: this machine's under each ``out/runs`` (:func:`_row`),
+    then the rows of ``results/budgets.json`` from earlier sessions that none of them holds;
+    without what :func:`report` derives from all rows."""
+    here = [_row(path.parent, out) for out in outs for path in sorted((out / "runs").glob("*/result.json"))]
+    return joined([row for row in here if row is not None], recorded_rows(), key)
 
 
 def report(out: Path, write: bool = True, also: tuple[Path, ...] = ()) -> dict:
@@ -276,20 +239,22 @@ def report(out: Path, write: bool = True, also: tuple[Path, ...] = ()) -> dict:
         raise SystemExit(f"no finished runs under {out / 'runs'} or in {RESULTS / 'budgets.json'}")
     rows.sort(key=lambda row: (row["vocab_size"], row["width"], row["epochs"], STARTS.index(row["start"]),
                                row["seed"], row["learning_rate"]))
+    shares = {}         # the table's steps to cold's loss, by row key
     for row in rows:
         # a run at another rate than its start's probe chose is measured and listed, never a start's figure
         row["at_probed_rate"] = row["learning_rate"] == RATES[row["start"]]
-        # what the results page reads a row's architecture and its cold start from
-        row.update(architecture=architecture(row["start"]), cold_start=cold_of(row["start"]),
-                   folds=CROSSFIT_FOLDS.get(row["start"], 0))
+        # what the results page reads a row's architecture ("saffu": the project's transformer, else the
+        # any_model model it trains) and its cold start from
+        row.update(architecture=MODEL_STARTS.get(row["start"], ("saffu",))[0],
+                   cold_start=COLD_OF.get(row["start"], "cold"), folds=CROSSFIT_FOLDS.get(row["start"], 0))
         row["architecture_name"] = ARCHITECTURE_NAMES[row["architecture"]]
-        cold = cold_curve(rows, row["width"], row["vocab_size"], cold_of(row["start"]))
+        cold = race.mean_curve(colds(row, rows))        # the cold start's budgets, seeds averaged
         if row["start"] in EXPLICIT and cold:
-            found = multiplier(cold, row["dev_bpb"], row["compute"])
+            found = race.multiplier(cold, row["dev_bpb"], row["compute"])
             row.update(cold_compute_to_match=found.cold_compute, multiplier=found.value, multiplier_is=HOW[found.kind],
-                       multiplier_text=bound_text(found.value, found.kind))
+                       multiplier_text=race.bound_text(found.value, found.kind))
         if row["start"] in EXPLICIT:
-            row["share_of_steps_to_cold"] = share_of_steps_to_cold(row, rows)
+            row["share_of_steps_to_cold"], shares[key(row)] = share_of_steps_to_cold(row, rows)
     lines = ["| V | width | epochs | start | seed | lr | dev bits/byte | train loss (nats) | dev windows (nats) | "
              "seconds (solve) | compute (FLOPs) | multiplier | steps to cold's loss |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -298,13 +263,14 @@ def report(out: Path, write: bool = True, also: tuple[Path, ...] = ()) -> dict:
                      f"{row['learning_rate']:g}{'' if row['at_probed_rate'] else ' (not its probe’s)'} | "
                      f"{row['dev_bpb']:.4f} | {row['train_loss']:.3f} | {row['last_dev_window_loss']:.3f} | "
                      f"{row['train_seconds']:,.0f} ({row['solve_seconds']:,.0f}) | {row['compute']:.3e} | "
-                     f"{row.get('multiplier_text', '–')} | {_share(row, rows)} |")
+                     f"{row.get('multiplier_text', '–')} | {shares.get(key(row), '–')} |")
     table = "\n".join(lines)
     print(table)
-    probes = probe_choices()
     if write:
         figure = _plot(rows, RESULTS.parent / "docs" / "results" / "budgets.png")
-        write_result("budgets", {"rows": rows, "table": table, "plot": figure, "probes": probes},
+        # the learning-rate probes of earlier sessions (per start its losses by rate, the best, the share of train)
+        write_result(RESULTS, "budgets", {"rows": rows, "table": table, "plot": figure,
+                                 "probes": recorded(RESULTS / "budgets.json").get("probes", {})},
                      seeds=sorted({r["seed"] for r in rows}),
                      load={"note": "each run's seconds were measured with one run per core and other runs or "
                                    "development work sharing the machine at times; FLOPs are analytic; each row "
@@ -312,53 +278,31 @@ def report(out: Path, write: bool = True, also: tuple[Path, ...] = ()) -> dict:
     return {"rows": rows, "table": table}
 
 
-def _share(row: dict, rows: list[dict]) -> str:
-    """The table's steps to cold's loss: a share, "not reached", or "–" (no curve, or no cold run of the budget)."""
-    if row["start"] not in EXPLICIT or not row.get("curve") or _cold_run(row, rows) is None:
-        return "–"
-    share = row.get("share_of_steps_to_cold")
-    return "not reached" if share is None else f"{share:.0%}"
-
-
 def _plot(rows: list[dict], path: Path) -> str:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     colours = {"cold": "tab:gray", "explicit-init": "tab:blue", "residual": "tab:red", "residual-crossfit": "tab:brown",
                "residual-crossfit-k4": "tab:orange", "residual-crossfit-k8": "tab:pink",
                "explicit-init-rms1": "tab:cyan", "llama-random": "tab:olive", "llama-explicit": "tab:green"}
-    figure, axis = plt.subplots(figsize=(10, 4.5))
     main = lambda r: r["seed"] == 0 and r["at_probed_rate"]     # on the lines; the others as open markers
-    for start in STARTS:
-        for width, vocab, marker, line in ((128, FIRST_VOCAB, "o", "-"), (256, FIRST_VOCAB, "s", "-"),
-                                           *((128, v, "^", "--") for v in sorted({r["vocab_size"] for r in rows})
-                                             if v != FIRST_VOCAB)):
-            mine = sorted((r for r in rows if r["start"] == start and r["width"] == width
-                           and r["vocab_size"] == vocab), key=lambda r: r["compute"])
-            points = [(r["compute"], r["dev_bpb"]) for r in mine if main(r)]
-            if points:
-                axis.plot(*zip(*points), marker=marker, linestyle=line, color=colours[start],
-                          label=f"{start}, width {width}" + (f", V {vocab:,}" if vocab != FIRST_VOCAB else ""))
-            for r in mine:                  # each point's budget; other seeds and rates as open markers
-                if not main(r):
-                    axis.plot(r["compute"], r["dev_bpb"], marker=marker, linestyle="none", color=colours[start],
-                              markerfacecolor="none")
-                axis.annotate(f"{r['epochs']}", (r["compute"], r["dev_bpb"]), textcoords="offset points",
-                              xytext=(4, 4), fontsize=7, color=colours[start])
-    axis.set_xscale("log")
-    axis.set_xlabel("compute: training FLOPs + the solve at the run's FLOPs/s")
-    axis.set_ylabel("whole-dev bits per byte")
+    groups = {}     # per start: its widths of the first vocabulary, then the other vocabularies; by compute
+    for r in sorted(rows, key=lambda r: (STARTS.index(r["start"]), r["vocab_size"] != FIRST_VOCAB, r["vocab_size"],
+                                         r["width"], not main(r), r["compute"])):
+        groups.setdefault((r["start"], r["width"], r["vocab_size"], main(r)), []).append(r)
+    series = []
+    for (start, width, vocab, on_line), points in groups.items():      # each point's budget by it
+        first = vocab == FIRST_VOCAB        # width 128 circles, 256 squares; another vocabulary's dashed, triangles
+        style = {"marker": ("o" if width == 128 else "s") if first else "^", "color": colours[start],
+                 **({"linestyle": "-" if first else "--"} if on_line else {"linestyle": "none", "markerfacecolor": "none"})}
+        series.append(Series([(r["compute"], r["dev_bpb"]) for r in points],
+                             f"{start}, width {width}" + ("" if first else f", V {vocab:,}") if on_line else None,
+                             style, [f"{r['epochs']}" for r in points], {"fontsize": 7, "color": colours[start]}))
     epochs = " / ".join(str(e) for e in sorted({r["epochs"] for r in rows}))
     seeds = sorted({r["seed"] for r in rows})
-    axis.set_title(f"babylm-2023-4src: dev loss against compute, {epochs} epochs (the numbers by the points)\n"
-                   + "open markers: " + ("seed " + ", ".join(str(s) for s in seeds[1:]) + " or " if len(seeds) > 1
-                                         else "") + "another learning rate than the start's probe chose", fontsize=10)
-    axis.grid(alpha=0.3, which="both")
-    axis.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    title = (f"babylm-2023-4src: dev loss against compute, {epochs} epochs (the numbers by the points)\n"
+             + "open markers: " + ("seed " + ", ".join(str(s) for s in seeds[1:]) + " or " if len(seeds) > 1
+                                   else "") + "another learning rate than the start's probe chose")
+    plot_against_compute(path, [(title, series)], xlabel="compute: training FLOPs + the solve at the run's FLOPs/s",
+                         ylabel="whole-dev bits per byte", panel_size=(10, 4.5), title_size=10,
+                         legend={"fontsize": 8, "loc": "upper left", "bbox_to_anchor": (1.01, 1.0)}, decades_only=False)
     return str(path.relative_to(RESULTS.parent))
 
 
@@ -398,23 +342,23 @@ class Options:
 def run_of(spec: str) -> tuple[str, int, int, int, float]:
     """A ``--runs`` spec ``START:EPOCHS:WIDTH:SEED[:LR]`` as ``(start, epochs, width, seed, rate)``
     (the rate its start's, :data:`RATES`, unless LR is given)."""
+    start, *numbers = spec.split(":")
+    if start not in STARTS:
+        raise SaffuError(f"unknown start {start!r} in {spec!r}; one of {', '.join(STARTS)}")
     try:
-        start, epochs, width, seed, *rate = spec.split(":")
-        if start not in STARTS:
-            raise SaffuError(f"unknown start {start!r} in {spec!r}; one of {', '.join(STARTS)}")
-        if start in MODEL_STARTS and int(width) != 128:
-            raise SaffuError(f"{start} runs at width 128 only (any_model's size), got {spec!r}")
-        if start in MODEL_STARTS and rate and float(rate[0]) != RATES[start]:
-            raise SaffuError(f"{start} runs at its rate {RATES[start]:g} only, got {spec!r}")
-        if len(rate) > 1 or (rate and not float(rate[0]) > 0):
+        (epochs, width, seed), rate = map(int, numbers[:3]), float(numbers[3]) if len(numbers) > 3 else RATES[start]
+        if len(numbers) > 4 or not rate > 0:
             raise ValueError
-        return start, int(epochs), int(width), int(seed), float(rate[0]) if rate else RATES[start]
     except ValueError:
         raise SaffuError(f"--runs takes START:EPOCHS:WIDTH:SEED or START:EPOCHS:WIDTH:SEED:LR (LR > 0), "
                          f"got {spec!r}") from None
+    if start in MODEL_STARTS and (width, rate) != (128, RATES[start]):
+        raise SaffuError(f"{start} runs at width 128 and its rate {RATES[start]:g} only (any_model's), got {spec!r}")
+    return start, epochs, width, seed, rate
 
 
 def check(options: Options) -> None:
+    """Every ``--runs`` spec well-formed (:func:`run_of`); ``--workdir`` given when there is training to do."""
     for spec in options.runs:
         run_of(spec)
     if (options.runs or options.next > 0) and options.workdir is None:
@@ -440,20 +384,14 @@ def train(todo: list[tuple[str, int, int, int, float]], args) -> None:
 
 def main(argv=None):
     args = script_options(Options, argv, __doc__.splitlines()[0], check=check)
-    todo = [run_of(spec) for spec in args.runs]
-    vocab = FIRST_VOCAB
-    if args.workdir is not None:
-        from saffu.data.workdir import open_workdir
-        vocab = open_workdir(args.workdir).vocab_size
-    recorded = {key(row): row for row in gathered_rows(args.out)}      # this machine's runs and earlier sessions'
-    finished = lambda run: recorded.get((*run, RATES[run[0]], vocab))
+    vocab = FIRST_VOCAB if args.workdir is None else open_workdir(args.workdir).vocab_size
+    rows = {key(row): row for row in gathered_rows(args.out)}      # this machine's runs and earlier sessions'
+    finished = lambda run: rows.get((*run, RATES[run[0]], vocab))
+    line = lambda run: (f"{run[0]:>18}  {run[1]} epochs  width {run[2]}  seed {run[3]}  lr {RATES[run[0]]:g}: "
+                        + (f"dev {finished(run)['dev_bpb']:.4f} bits/byte" if finished(run) else "to run"))
     if args.plan:
-        for heading, runs in (("", GRID), ("beyond the issue's sweep (--runs):\n", EXTRA)):
-            print(heading, end="")
-            for run in runs:
-                done = finished(run)
-                print(f"{run[0]:>18}  {run[1]} epochs  width {run[2]}  seed {run[3]}  lr {RATES[run[0]]:g}: "
-                      + (f"dev {done['dev_bpb']:.4f} bits/byte" if done else "to run"))
+        print(*map(line, GRID), "beyond the issue's sweep (--runs):", *map(line, EXTRA), sep="\n")
+    todo = [run_of(spec) for spec in args.runs]
     todo += [(*run, RATES[run[0]]) for run in GRID if finished(run) is None][:args.next]
     if todo:
         train(todo, args)

@@ -19,16 +19,15 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import json
 import shlex
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from results import write_result
 from saffu._io import SaffuError
 from saffu.flags import script_options
+from saffu.runner import recorded, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "results" / "harness_blimp.json"
@@ -59,15 +58,15 @@ def score(name: str, run: Path, blimp: Path, tasks: Path, harness_only: bool = F
     from lm_eval.tasks import TaskManager
 
     from saffu.eval.blimp import evaluate_blimp
+    from saffu.interop.harness import SaffuLM
     tick = time.perf_counter()
-    model = harness_model(run)
+    model = SaffuLM(run, progress=False, batch_size=None)      # any run folder of saffu train, a penzai model's too
     manager = TaskManager(include_path=str(tasks))
     harness = lm_eval.simple_evaluate(model=model, tasks=["saffu_blimp"], task_manager=manager, log_samples=False,
                                       verbosity="WARNING")["results"]["saffu_blimp"]["acc,none"]
-    penzai = run_model(run)             # an any_model.py run: a model saffu did not build
-    row = {"name": name, "run": str(run), "weights": model.weights,
-           "kind": "external" if penzai else model.config.kind,
-           "block": f"penzai {penzai}" if penzai else getattr(model.config, "block", None), "harness_saffu": harness}
+    family = getattr(model.config, "family", None)          # an any_model.py run: a model penzai builds
+    row = {"name": name, "run": str(run), "weights": model.weights, "kind": model.config.kind,
+           "block": f"penzai {family}" if family else getattr(model.config, "block", None), "harness_saffu": harness}
     if harness_only:
         row["seconds"] = time.perf_counter() - tick
         print(f"{name}: harness {harness:.4f}", flush=True)
@@ -86,39 +85,6 @@ def score(name: str, run: Path, blimp: Path, tasks: Path, harness_only: bool = F
           + (f", harness on the export {row['harness_hf']:.4f}" if "harness_hf" in row else f" ({row['hf']})"),
           flush=True)
     return row
-
-
-def run_model(run: Path) -> str | None:
-    """The penzai model an any_model.py run folder trained (its ``result.json``'s ``model``), or None."""
-    path = run / "result.json"
-    return json.loads(path.read_text()).get("model") if path.exists() and not (run / "config.json").exists() else None
-
-
-def harness_model(run: Path):
-    """The harness model of a run folder: a saffu run's (:class:`saffu.interop.harness.SaffuLM`), or
-    an any_model.py run's: its penzai model rebuilt from its ``result.json``, with the parameters of
-    its latest training checkpoint (``RUN/train/checkpoints``; :meth:`SaffuLM.from_model`)."""
-    import jax
-
-    from saffu.interop.harness import SaffuLM
-    if (run / "config.json").exists():
-        return SaffuLM(run, progress=False, batch_size=None)
-    name = run_model(run)
-    if name is None:
-        raise SystemExit(f"{run} is neither a saffu run (config.json) nor an any_model.py run (result.json naming "
-                         "its model)")
-    import any_model
-
-    from saffu.data.workdir import open_workdir
-    from saffu.models.interface import model_init
-    from saffu.training.checkpoints import load_latest_params
-    workdir = open_workdir(json.loads((run / "result.json").read_text())["workdir"])
-    model = any_model.model_for(name, workdir.vocab_size)
-    found = load_latest_params(run / "train", model_init(model, jax.random.key(0)))
-    if found is None:
-        raise SystemExit(f"{run / 'train'} holds no training checkpoint")
-    params, step = found
-    return SaffuLM.from_model(model, params, workdir, weights=f"training step {step:,}", progress=False)
 
 
 def _hf(model, run: Path, manager, harness: float) -> dict:
@@ -150,13 +116,11 @@ def main(argv=None) -> int:
     if args.write_result:
         command, date = " ".join(shlex.quote(a) for a in ["python", *sys.argv]), datetime.date.today().isoformat()
         rows = [{**row, "command": command, "date": date} for row in rows]
-        if args.merge and RESULT.exists():
-            earlier = json.loads(RESULT.read_text())
+        if args.merge:              # the recorded rows, each with the command and date it came from
             scored = {row["name"] for row in rows}
-            rows = [{"command": earlier["command"], "date": earlier["date"], **row}
-                    for row in earlier["figures"]["rows"] if row["name"] not in scored] + rows
+            rows = [row for row in recorded(RESULT).get("rows", []) if row["name"] not in scored] + rows
         figures = {"blimp": str(args.blimp), "paradigms": len(list(args.blimp.glob("*.jsonl"))), "rows": rows}
-        print(f"wrote {write_result('harness_blimp', figures, seeds=[0])}")
+        print(f"wrote {write_result(ROOT / 'results', 'harness_blimp', figures, seeds=[0])}")
     return 0
 
 

@@ -14,16 +14,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from results import write_result
 from saffu.data.workdir import open_workdir
-from saffu.flags import DEFAULT_CORPUS, script_options
+from saffu.flags import DEFAULT_CORPUS, flags_of, script_options
+from saffu.runner import run_saffu, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,10 +71,10 @@ class Options:
 def make_checkpoint(args, random: bool) -> Path:
     out = args.out / ("random" if random else "explicit")
     if not (out / "model.safetensors").exists():
-        subprocess.run([sys.executable, "-m", "saffu", "init-weights", "--workdir", str(args.workdir), "--rank",
-                        str(args.width), "--layers", str(args.layers), "--attention-heads", str(args.heads),
-                        "--max-len", str(args.seq_len + 1), "--hf-config", args.arch, "--seed", str(args.seed),
-                        "--out", str(out), "--quiet", *(["--random"] if random else [])], check=True)
+        run_saffu("init-weights", *flags_of({"workdir": args.workdir, "rank": args.width, "layers": args.layers,
+                                             "attention_heads": args.heads, "max_len": args.seq_len + 1,
+                                             "hf_config": args.arch, "seed": args.seed, "out": out}),
+                  *(["--random"] if random else []))
     return out
 
 
@@ -131,11 +130,10 @@ def train(args, path: Path, torch, transformers, windows, n_bytes) -> list[dict]
         scheduler.step()
         if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
             elapsed += time.perf_counter() - tick
-            seconds = elapsed
-            history.append({"step": step + 1, "train_loss": loss.item(), "seconds": seconds,
+            history.append({"step": step + 1, "train_loss": loss.item(), "seconds": elapsed,
                             "dev_bpb": bits_per_byte(model, windows, n_bytes, torch)})
             print(f"{path.name}: step {step + 1} dev {history[-1]['dev_bpb']:.4f} bits/byte "
-                  f"(train loss {loss.item():.3f}, {seconds:.0f} s)", flush=True)
+                  f"(train loss {loss.item():.3f}, {elapsed:.0f} s)", flush=True)
             tick = time.perf_counter()
     return history
 
@@ -151,9 +149,8 @@ def main(argv=None) -> int:
         args.width, args.layers, args.heads, args.steps, args.seq_len, args.batch_size = 32, 1, 2, 20, 32, 4
         args.eval_every, args.eval_tokens = 10, 2000
         if not (args.workdir / "meta.json").exists():
-            subprocess.run([sys.executable, "-m", "saffu", "prepare", "--corpus", str(DEFAULT_CORPUS),
-                            "--workdir", str(args.workdir), "--vocab-size", "512", "--allow-smaller-vocab",
-                            "--quiet"], check=True)
+            run_saffu("prepare", "--corpus", DEFAULT_CORPUS, "--workdir", args.workdir, "--vocab-size", 512,
+                      "--allow-smaller-vocab")
     torch.set_num_threads(args.threads)
     workdir = open_workdir(args.workdir)
     windows, n_bytes = dev_windows(workdir, args.eval_tokens, args.seq_len)
@@ -169,7 +166,7 @@ def main(argv=None) -> int:
                "explicit_gain_bpb": gap, "torch": torch.__version__, "transformers": transformers.__version__}
     print(json.dumps({"explicit_gain_bpb": gap}))
     if args.write_result:
-        print(f"wrote {write_result('hf_explicit_init', figures, seeds=[args.seed])}")
+        print(f"wrote {write_result(ROOT / 'results', 'hf_explicit_init', figures, seeds=[args.seed])}")
     return 0
 
 

@@ -11,7 +11,7 @@ each, the same learning rate, batches and seed:
   reference (:func:`saffu.training.recipes.inherit`);
 * ``scratch``: random init;
 * ``explicit``: explicit init (output bias = log unigram, embeddings and output kernel from the
-  explicit factors, :func:`saffu.training.recipes.explicit_transformer_start`).
+  explicit factors, :func:`saffu.training.recipes.explicit_start`).
 
 With ``--grow``, the inherited model is then grown by the reference's next block
 (:func:`saffu.training.recipes.grow`) and trained one more epoch, until its full-dev loss
@@ -31,25 +31,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-import numpy as np
-
-from results import RESULTS, write_result
 from saffu._io import SaffuError
+from saffu.eval.plots import Series, plot_curves
 from saffu.flags import script_options
-from saffu.runner import run
+from saffu.runner import history, run, run_saffu, write_result
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 VARIANTS = ("inherit", "scratch", "explicit")
-
-
-def _saffu(*words) -> None:
-    """Run a ``saffu`` command quietly; a failure ends the script with its error line."""
-    done = subprocess.run([sys.executable, "-m", "saffu", *map(str, words), "--quiet"], capture_output=True, text=True)
-    if done.returncode:
-        raise SystemExit(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"saffu {words[0]} failed")
 
 
 def reference_of(args) -> tuple[dict, dict]:
@@ -62,7 +53,7 @@ def reference_of(args) -> tuple[dict, dict]:
         raise SystemExit(f"{args.reference} holds a {model['kind']}; the reference must be a transformer")
     record = args.out / "reference.json"
     if not record.exists():
-        _saffu("eval", "--workdir", args.workdir, "--run", args.reference, "--split", "dev", "--eval-tokens", 0,
+        run_saffu("eval", "--workdir", args.workdir, "--run", args.reference, "--split", "dev", "--eval-tokens", 0,
                "--metrics-json", args.out / "scores.json")
         scores = json.loads((args.out / "scores.json").read_text())
         record.write_text(json.dumps({"run": str(args.reference), "layers": model["layers"], **scores}))
@@ -93,12 +84,11 @@ def stage(args, model: dict, variant: str, layers: int, grown_from: Path | None 
     if (folder / "stage.json").exists():
         return json.loads((folder / "stage.json").read_text())
     row = run(spec_of(args, model, variant, layers, grown_from), args.out / "runs", args.workdir, name)
-    _saffu("inspect", "--workdir", args.workdir, "--run", folder, "--windows", args.inspect_windows)
+    run_saffu("inspect", "--workdir", args.workdir, "--run", folder, "--windows", args.inspect_windows)
     profile = json.loads((folder / "attention.json").read_text())
-    history = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
     result = {"variant": variant, "layers": layers, "params": row["params"], "train_tokens": row["tokens"],
               "train_seconds": row["train_seconds"], "flops": row["flops"],
-              "solve_seconds": row.get("solve_seconds", 0.0), "history": history,
+              "solve_seconds": row.get("solve_seconds", 0.0), "history": history(folder),
               "attention": {"max_rank": [layer["max_rank"] for layer in profile["layers"]],
                             "first_key_share": [layer["mean_first_key_share"] for layer in profile["layers"]],
                             "lazy_layers": profile["lazy_layers"]},
@@ -138,33 +128,23 @@ def report(args) -> None:
     stages = [{k: v for k, v in r.items() if k != "history"} for r in results]
     (args.out / "report.md").write_text(table + "\n")
     (args.out / "report.json").write_text(json.dumps({"reference": reference, "stages": stages}, indent=1))
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    figure, axis = plt.subplots(figsize=(8, 4.5))
     colours = dict(zip(VARIANTS, ("tab:red", "tab:gray", "tab:blue")))
-    for variant in VARIANTS:
-        offset = 0
-        for r in sorted((r for r in results if r["variant"] == variant), key=lambda r: r["layers"]):
-            steps = np.array([h["step"] for h in r["history"]]) + offset
-            axis.plot(steps, [h["dev_loss"] for h in r["history"]], color=colours[variant],
-                      label=f"{variant}, {r['layers']} blocks", alpha=0.5 + 0.5 * (r["layers"] % 2))
-            offset = steps[-1]
-    axis.axhline(reference["dev_loss"], color="black", linestyle=":", label=f"reference ({reference['layers']} blocks), "
-                                                                           "full dev")
-    axis.set_xlabel("optimizer steps (cumulative over growth stages)")
-    axis.set_ylabel("dev loss (evenly spaced windows)")
+    curves, offset = [], {}         # each variant's stages one after another: steps cumulative over its growth
+    for r in sorted(results, key=lambda r: (VARIANTS.index(r["variant"]), r["layers"])):
+        points = [(offset.get(r["variant"], 0) + h["step"], h["dev_loss"]) for h in r["history"]]
+        offset[r["variant"]] = points[-1][0]
+        curves.append(Series(points, f"{r['variant']}, {r['layers']} blocks",
+                             {"color": colours[r["variant"]], "alpha": 0.5 + 0.5 * (r["layers"] % 2)}))
     low = min([reference["dev_loss"]] + [h["dev_loss"] for r in results for h in r["history"]])
-    axis.set_ylim(low - 0.05, low + 1.5)             # the first steps of a cold start are far above
-    axis.grid(alpha=0.3)
-    axis.legend(fontsize=8)
-    figure.tight_layout()
     plot = RESULTS.parent / "docs" / "results" / "inheritune.png" if args.write_result else args.out / "curves.png"
-    figure.savefig(plot, dpi=110)
-    plt.close(figure)
+    plot_curves(plot, curves, xlabel="optimizer steps (cumulative over growth stages)",
+                ylabel="dev loss (evenly spaced windows)", legend={"fontsize": 8},
+                levels=[(reference["dev_loss"], {"color": "black", "linestyle": ":",
+                                                 "label": f"reference ({reference['layers']} blocks), full dev"})],
+                ylim=(low - 0.05, low + 1.5))           # the first steps of a cold start are far above
     print(table)
     if args.write_result:
-        write_result("inheritune", {"reference": reference, "stages": stages, "table": table,
+        write_result(RESULTS, "inheritune", {"reference": reference, "stages": stages, "table": table,
                                     "learning_rate": args.learning_rate, "plot": str(plot.relative_to(RESULTS.parent))},
                      seeds=[args.seed], load={"note": "one stage at a time on one core (taskset), other runs on the "
                                                       "other core; each stage's seconds are in its row"})

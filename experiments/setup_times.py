@@ -6,7 +6,7 @@ Clones the checkout's HEAD (``git clone``) into a temporary folder beside the ch
 for the tests, pytest's summary line (``274 passed, 1 skipped``). The clone has no ``.venv``, so
 each time includes creating it and installing, as a newcomer's first run does. The load averages
 are read before ``make demo`` and after ``make test``. Writes ``results/setup.json``
-(:func:`results.write_result`: figures ``demo_seconds``, ``test_seconds``, ``test_summary``,
+(:func:`saffu.runner.write_result`: figures ``demo_seconds``, ``test_seconds``, ``test_summary``,
 ``demo_ok``, ``test_ok``, ``revision``, and what the demo wrote to ``runs/demo/metrics.json``),
 then refreshes the results pages and the README's generated blocks
 (``experiments/render_results.py``). Uncommitted changes of the checkout are not in the clone.
@@ -30,7 +30,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from saffu.eval.bench import Watch
 from saffu.flags import script_options
+from saffu.runner import write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 COUNTS = ("failed", "passed", "skipped", "xfailed", "xpassed", "error", "errors")
@@ -105,9 +107,6 @@ class Options:
 
 def main(argv=None) -> int:
     args = script_options(Options, argv, __doc__.splitlines()[0])
-
-    from results import write_result
-
     revision = git("rev-parse", "HEAD")
     if git("status", "--porcelain", "--untracked-files=no"):
         say("the checkout has uncommitted changes: the clone measures HEAD without them")
@@ -118,18 +117,15 @@ def main(argv=None) -> int:
         git("checkout", "--quiet", "--detach", revision, cwd=clone)
         env = clean_environment(clone)
         started = datetime.datetime.now(datetime.UTC)
-        before = os.getloadavg()
+        watch = Watch()             # the load averages before make demo and after make test
         demo_seconds, demo_ok, _ = run_step("demo", clone, env)
         test_seconds, test_ok, test_lines = run_step("test", clone, env)
-        after = os.getloadavg()
         metrics_path = clone / "runs" / "demo" / "metrics.json"
         demo_metrics = json.loads(metrics_path.read_text()) if demo_ok and metrics_path.exists() else {}
         figures = {"demo_seconds": demo_seconds, "test_seconds": test_seconds, "test_summary": test_summary(test_lines),
                    "demo_ok": demo_ok, "test_ok": test_ok, "revision": revision[:7], "demo_metrics": demo_metrics}
-        load = {f"load_average_{window}_{when}": value
-                for when, values in (("before", before), ("after", after))
-                for window, value in zip(("1min", "5min", "15min"), values)}
-        path = write_result("setup", figures, seeds=[0], load=load, started=started)   # the demo's default seed
+        path = write_result(ROOT / "results", "setup", figures, seeds=[0], load=watch.load(),   # the demo's default seed
+                            started=started)
         say(f"wrote {path.relative_to(ROOT)}: make demo {demo_seconds:.1f} s ({'ok' if demo_ok else 'FAILED'}), "
             f"make test {test_seconds:.1f} s ({figures['test_summary'] or 'no summary'}, "
             f"{'ok' if test_ok else 'FAILED'})")

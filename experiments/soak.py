@@ -27,9 +27,12 @@ from pathlib import Path
 
 import numpy as np
 
-from results import write_result
+from saffu.eval.bench import Watch
 from saffu.flags import script_options
 from saffu.models.interface import model_init
+from saffu.runner import history, write_result
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 #: Fields of a metrics record that are timings or memory, not results.
 VOLATILE = ("seconds", "tokens_per_s", "peak_rss_mb", "device_peak_mb")
@@ -41,13 +44,19 @@ def rss_mb() -> float:
     return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+def memory(name: str, rss: list[float], per: str) -> dict:
+    """The figures of the resident set sizes ``rss`` (MB, one per evaluation or resume ``per``) of
+    the run ``name``: the first, last and largest, and over the second half (after warm-up:
+    compilation, first allocations) the growth and the slope of a straight line fitted to it."""
+    half = rss[len(rss) // 2:]
+    slope = float(np.polyfit(np.arange(len(half)), half, 1)[0]) if len(half) > 1 else 0.0
+    return {f"{name}_rss_first_mb": rss[0], f"{name}_rss_last_mb": rss[-1], f"{name}_rss_max_mb": max(rss),
+            f"{name}_rss_second_half_growth_mb": half[-1] - half[0],
+            f"{name}_rss_second_half_slope_mb_per_{per}": slope}
+
+
 class Stop(Exception):
     """Raised right after a checkpoint: the run stops as a kill would stop it there."""
-
-
-def metrics_lines(run: Path) -> list[dict]:
-    import json
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line]
 
 
 @dataclasses.dataclass
@@ -85,7 +94,7 @@ def main(argv=None):
     from saffu.training import trainer
     from saffu.training.checkpoints import load_params
 
-    started, load_before = datetime.datetime.now(datetime.UTC), os.getloadavg()[0]
+    watch = Watch()         # the load averages before and after
     scratch = tempfile.TemporaryDirectory(prefix="saffu-soak-")
     root = Path(scratch.name)
     workdir = (open_workdir(args.workdir) if args.workdir else
@@ -130,24 +139,17 @@ def main(argv=None):
     identical = all(np.array_equal(np.asarray(a), np.asarray(b))
                     for a, b in zip(jax.tree.leaves(straight), jax.tree.leaves(resumed)))
     strip = lambda lines: [{k: v for k, v in r.items() if k not in VOLATILE} for r in lines]
-    lines = metrics_lines(root / "resumed")
+    lines = history(root / "resumed")
     eval_steps = [r["step"] for r in lines]
     consistent = (eval_steps == list(range(0, steps + 1, args.resume_every))
-                  and strip(lines) == strip(metrics_lines(root / "straight")))
-    long_steps = [r["step"] for r in metrics_lines(root / "long")]
+                  and strip(lines) == strip(history(root / "straight")))
+    long_steps = [r["step"] for r in history(root / "long")]
 
-    slope = lambda ys: float(np.polyfit(np.arange(len(ys)), ys, 1)[0]) if len(ys) > 1 else 0.0
-    half = lambda ys: ys[len(ys) // 2:]            # after warm-up (compilation, first allocations)
     figures = {
         "long_epochs": args.epochs, "long_steps": args.epochs * per_epoch, "long_seconds": long_seconds,
-        "long_evaluations": len(rss_long), "long_rss_first_mb": rss_long[0], "long_rss_last_mb": rss_long[-1],
-        "long_rss_max_mb": max(rss_long), "long_rss_second_half_growth_mb": half(rss_long)[-1] - half(rss_long)[0],
-        "long_rss_second_half_slope_mb_per_eval": slope(half(rss_long)),
+        "long_evaluations": len(rss_long), **memory("long", rss_long, "eval"),
         "long_metrics_consistent": long_steps == sorted(set(long_steps)),
-        "resumes": args.resumes, "resume_steps": steps, "resume_rss_first_mb": rss_resumes[0],
-        "resume_rss_last_mb": rss_resumes[-1], "resume_rss_max_mb": max(rss_resumes),
-        "resume_rss_second_half_growth_mb": half(rss_resumes)[-1] - half(rss_resumes)[0],
-        "resume_rss_second_half_slope_mb_per_resume": slope(half(rss_resumes)),
+        "resumes": args.resumes, "resume_steps": steps, **memory("resume", rss_resumes, "resume"),
         "resumed_equals_uninterrupted": identical, "resumed_metrics_consistent": consistent,
         "model": f"transformer width {args.width}, 2 layers, vocabulary {workdir.vocab_size}",
         "corpus": workdir.meta["corpus"], "train_tokens": int(len(stream)),
@@ -155,10 +157,9 @@ def main(argv=None):
     for key, value in figures.items():
         print(f"  {key:<44} {value:.2f}" if isinstance(value, float) else f"  {key:<44} {value}")
     if args.write:
-        path = write_result("soak", {**figures, "rss_long_mb": rss_long, "rss_resumes_mb": rss_resumes},
-                            seeds=[args.seed], load={"load_average_1min_before": load_before,
-                                                     "load_average_1min_after": os.getloadavg()[0]},
-                            started=started)
+        path = write_result(RESULTS, "soak", {**figures, "rss_long_mb": rss_long, "rss_resumes_mb": rss_resumes},
+                            seeds=[args.seed], load=watch.load(),
+                            started=datetime.datetime.fromtimestamp(watch.started, datetime.UTC))
         print(f"written to {path}")
     scratch.cleanup()
     return 0 if identical and consistent and figures["long_metrics_consistent"] else 1

@@ -40,11 +40,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from results import write_result
 from saffu._io import SaffuError, atomic_write_json
-from saffu.eval.race import GROW_BY_TWO, combinations, compute_with_solve, multiplier, search
-from saffu.flags import DEFAULT_CORPUS, TRANSFORMER_RENAME, flag_name, script_options
-from saffu.runner import command, sweep
+from saffu.eval.plots import plot_race
+from saffu.eval.race import combinations, compute_with_solve, rate_search, search, tuned_race
+from saffu.flags import DEFAULT_CORPUS, TRANSFORMER_RENAME, flags_of, script_options
+from saffu.runner import command, final_figures, history, joined, recorded, steps_per_epoch, sweep, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The starts compared: each one's ``saffu train`` start (``--init`` and its start settings) and
@@ -62,18 +62,18 @@ STARTS = {"cold": ("random", GPT, {}), "explicit-init": ("explicit", GPT, {}),
           "llama-cold-nobias-w64": ("random", {**LLAMA, "width": 64}, {}),
           "llama-explicit-nobias-w64": ("explicit", {**LLAMA, "width": 64}, {}),
           "llama-cold-nobias-w256": ("random", {**LLAMA, "width": 256}, {}),
-          "llama-explicit-nobias-w256": ("explicit", {**LLAMA, "width": 256}, {})}
+          "llama-explicit-nobias-w256": ("explicit", {**LLAMA, "width": 256}, {}),
+          # attention across the documents of a window (BabyLM's documents are lines), at the grid's values
+          "llama-cold-nobias-xdoc": ("random", {**LLAMA, "across_documents": True}, {}),
+          "llama-explicit-nobias-xdoc": ("explicit", {**LLAMA, "across_documents": True}, {}),
+          "llama-explicit-nobias-xdoc-w256": ("explicit", {**LLAMA, "across_documents": True, "width": 256}, {})}
 
 
-def flags_of(start: str) -> list[str]:
+def start_flags(start: str) -> list[str]:
     """The ``saffu train`` flags of a start's settings (``--block llama --no-output-bias``), as the
     results file and the README name it."""
     _, model, extra = STARTS[start]
-    flags = [(flag_name(name, TRANSFORMER_RENAME), value) for name, value in model.items()]
-    flags += [(flag_name(name), value) for name, value in extra.items()]
-    return [word for flag, value in flags for word in
-            ([flag if value else "--no-" + flag[2:]] if isinstance(value, bool)
-             else [flag, f"{value:g}" if isinstance(value, float) else str(value)])]
+    return flags_of(model, TRANSFORMER_RENAME) + flags_of(extra)
 
 
 #: The starts the quarter-epoch grid tunes; the others run at those values (the architecture comparison).
@@ -81,7 +81,8 @@ GRID_STARTS = ("cold", "explicit-init")
 #: Each architecture's cold start, which its explicit starts race against.
 COLD_OF = {"explicit-init": "cold", "llama-explicit-nobias": "llama-cold-nobias",
            "llama-explicit-nobias-rms1": "llama-cold-nobias", "llama-explicit-nobias-rms1-out": "llama-cold-nobias",
-           "llama-explicit-nobias-w64": "llama-cold-nobias-w64", "llama-explicit-nobias-w256": "llama-cold-nobias-w256"}
+           "llama-explicit-nobias-w64": "llama-cold-nobias-w64", "llama-explicit-nobias-w256": "llama-cold-nobias-w256",
+           "llama-explicit-nobias-xdoc": "llama-cold-nobias-xdoc"}
 #: The quarter-epoch grid.
 GRID = {"learning_rate": [1e-3, 3e-3, 1e-2, 3e-2], "weight_decay": [0.0, 0.1], "dropout": [0.0, 0.1]}
 #: The llama block's grid, the same for its cold and explicit starts: the weight decay starts at 0 and
@@ -123,16 +124,6 @@ class Options:
     quick: bool = False
 
 
-def parse_args(argv=None) -> Options:
-    return script_options(Options, argv, __doc__.splitlines()[0])
-
-
-def steps_per_epoch(workdir: Path, quick: bool) -> int:
-    meta = json.loads((workdir / "meta.json").read_text())
-    targets = meta["splits"][meta.get("train_split", "train_10M")]["tokens"] - 1
-    return max(targets // ((4 * 32) if quick else (16 * 256)), 1)
-
-
 def name_of(start: str, values: dict, epochs: float) -> str:
     parts = "_".join(f"{key[:2]}{values[key]:g}" for key in GRID)
     return f"{start}/{epochs:g}ep_{parts}"
@@ -142,7 +133,7 @@ def spec_of(args, start: str, values: dict, epochs: float) -> dict:
     """The run spec (:mod:`saffu.runner`) of ``start`` at ``values`` for ``epochs``: budgets of a
     whole epoch or more are scored on the whole dev split, probes on about 200,000 tokens."""
     init, model, extra = STARTS[start]
-    steps = max(round(epochs * steps_per_epoch(args.workdir, args.quick)), 1)
+    steps = max(round(epochs * steps_per_epoch(args.workdir, (4 * 32) if args.quick else (16 * 256))), 1)
     whole = epochs >= 1 and not args.quick
     small = ({"width": 16, "layers": 1, "heads": 2, "context_tokens": 8}, {"seq_len": 32, "batch_size": 4}) \
         if args.quick else ({}, {})
@@ -157,8 +148,8 @@ def run_all(args, wanted: list[tuple[str, dict, float]]) -> None:
     """Run every ``(start, values, epochs)`` not finished yet through :func:`saffu.runner.sweep`,
     ``--jobs`` at a time (each pinned to its own core); one recorded in ``results/tuning.json`` by an
     earlier session (:func:`recorded_rows`) is not run again."""
-    recorded = recorded_rows(args)
-    specs = {name_of(*w): spec_of(args, *w) for w in wanted if name_of(*w) not in recorded}
+    earlier = recorded_rows(args)
+    specs = {name_of(*w): spec_of(args, *w) for w in wanted if name_of(*w) not in earlier}
     sweep(specs, args.out / "runs", args.workdir, jobs=args.jobs)
 
 
@@ -170,57 +161,49 @@ def recorded_rows(args) -> dict[str, dict]:
 
 @functools.cache
 def _recorded(workdir: Path) -> dict[str, dict]:
-    path = ROOT / "results" / "tuning.json"
-    if not path.exists():
-        return {}
-    figures = json.loads(path.read_text())["figures"]
-    if (ROOT / figures["workdir"]).resolve() != workdir:
+    figures = recorded(ROOT / "results" / "tuning.json")
+    if not figures or (ROOT / figures["workdir"]).resolve() != workdir:
         return {}
     rows = [row for tuned in figures["starts"].values()
             for row in [*tuned["probes"], *(r for budget in tuned["budgets"].values() for r in budget["runs"])]]
     return {row["name"]: row for row in [*rows, *(r for runs in figures["architectures"].values() for r in runs)]}
 
 
-def finished(args, start: str) -> list[str]:
-    """The names (``4ep_le0.01_we0.9_dr0``) of ``start``'s finished runs: this machine's and the
-    recorded ones (:func:`recorded_rows`)."""
-    here = {p.parent.name for p in (args.out / "runs" / start).glob("*/result.json")}
-    return sorted(here | {name.split("/", 1)[1] for name in recorded_rows(args) if name.split("/", 1)[0] == start})
+def finished(args, start: str) -> dict[str, dict]:
+    """``{name: row}`` (``cold/4ep_le0.01_we0.9_dr0``) of ``start``'s finished runs by name: this
+    machine's (:func:`_row` of each folder), and the recorded ones (:func:`recorded_rows`) that no
+    folder here holds."""
+    here = [_row(args, path.parent) for path in (args.out / "runs" / start).glob("*/result.json")]
+    earlier = [row for name, row in recorded_rows(args).items() if name.split("/", 1)[0] == start]
+    return {row["name"]: row for row in sorted(joined(here, earlier, key=lambda row: row["name"]),
+                                               key=lambda row: row["name"])}
 
 
-def _losses(args, start: str, epochs: float, run: bool, fixed: dict | None = None):
-    """``combos -> [(values, dev bits per byte), …]`` of ``start``'s runs at ``epochs`` (each combo
-    over ``fixed``), running the missing ones first when ``run`` (:func:`saffu.eval.race.search`)."""
+def _losses(args, start: str, epochs: float, run: bool):
+    """``combos -> [(values, dev bits per byte), …]`` of ``start``'s runs at ``epochs``, running
+    the missing ones first when ``run`` (:func:`saffu.eval.race.search`)."""
     def losses(combos: list[dict]) -> list:
-        wanted = [(start, {**(fixed or {}), **values}, epochs) for values in combos]
+        wanted = [(start, values, epochs) for values in combos]
         if run:
             run_all(args, wanted)
-        done = set(finished(args, start))
-        return [(values, _row(args, *w)["dev_bpb"]) for values, w in zip(combos, wanted)
-                if name_of(*w).split("/", 1)[1] in done]
+        done = finished(args, start)
+        return [(values, done[name_of(*w)]["dev_bpb"]) for values, w in zip(combos, wanted) if name_of(*w) in done]
     return losses
 
 
-def tuned_grid(args, start: str, run: bool) -> tuple[dict, dict | None, list]:
-    """``(grid, chosen values or None, probes)`` of ``start``'s quarter-epoch search; with
-    ``run``, probes what is missing, growing the grid past an edge until the choice holds."""
-    found = search(grid_of(args, start), _losses(args, start, args.share, run), extend=run)
+def search_of(args, start: str, run: bool, epochs: float | None = None, chosen: dict | None = None):
+    """``start``'s search (:class:`saffu.eval.race.Search`): its quarter-epoch grid, or at
+    ``epochs`` (a longer budget) the ``chosen`` rate with its ½× and 2× neighbours
+    (:func:`saffu.eval.race.rate_search`, the weight decay and dropout the grid's); with ``run``,
+    probes what is missing, growing past an edge until the choice holds (and, reporting, as far
+    as runs exist)."""
+    if chosen is None:
+        found = search(grid_of(args, start), _losses(args, start, args.share, run), extend=run)
+    else:
+        found = rate_search(chosen, _losses(args, start, epochs, run), extend=run)
     if found.why:
-        print(f"{start}: {found.why}")
-    return found.grid, found.chosen, found.probes
-
-
-def budget_rates(args, start: str, chosen: dict, epochs: float, run: bool) -> tuple[list, dict | None, list]:
-    """``(rates, chosen values or None, runs)`` of ``start`` at ``epochs``: the tuned rate and its
-    ½× and 2× neighbours, grown past an edge while running (and, reporting, as far as runs exist);
-    the weight decay and dropout stay the grid's."""
-    rates = sorted({round(chosen["learning_rate"] * f, 12) for f in (0.5, 1.0, 2.0)})
-    found = search({"learning_rate": rates}, _losses(args, start, epochs, run, chosen), extend=run,
-                   rules=GROW_BY_TWO, max_values=6)
-    if found.why:
-        print(f"{start} at {epochs:g} epochs: {found.why}")
-    runs = [({**chosen, **values}, loss) for values, loss in found.probes]
-    return found.grid["learning_rate"], {**chosen, **found.chosen} if found.chosen else None, runs
+        print(f"{start} at {epochs or args.share:g} epochs: {found.why}")
+    return found
 
 
 def report(args) -> dict:
@@ -228,31 +211,29 @@ def report(args) -> dict:
     starts asked for, and every start of :data:`GRID_OF` whose grid has probes), every other run
     of a whole epoch or more as its architecture's rows, and the race (:func:`race`)."""
     starts = {}
-    has_grid = lambda start: any(_epochs(name) == args.share for name in finished(args, start))
+    has_grid = lambda start: any(row["epochs"] == args.share for row in finished(args, start).values())
     for start in dict.fromkeys([*args.starts, *(s for s in GRID_OF if has_grid(s))]):
-        grid, chosen, probes = tuned_grid(args, start, run=False)
-        budgets = {}
-        if chosen is not None:
-            for epochs in args.epochs:
-                rates, best, runs = budget_rates(args, start, chosen, epochs, run=False)
-                if runs:
-                    budgets[f"{epochs:g}"] = {"rates": rates, "chosen": best, "runs": [_row(args, start, v, epochs)
-                                                                                      for v, _ in runs]}
-        starts[start] = {"grid": grid, "chosen": chosen, "probes": [_row(args, start, v, args.share) for v, _ in probes],
-                         "budgets": budgets}
+        grid, rows, budgets = search_of(args, start, run=False), finished(args, start), {}
+        for epochs in args.epochs if grid.chosen else ():
+            found = search_of(args, start, False, epochs, grid.chosen)
+            if found.probes:
+                budgets[f"{epochs:g}"] = {"rates": found.grid["learning_rate"], "chosen": found.chosen,
+                                          "runs": [rows[name_of(start, v, epochs)] for v, _ in found.probes]}
+        starts[start] = {"grid": grid.grid, "chosen": grid.chosen,
+                         "probes": [rows[name_of(start, v, args.share)] for v, _ in grid.probes], "budgets": budgets}
     others = {}
     for start in STARTS:        # each run of an epoch or more that no tuned budget above holds
         if start in args.starts:
             continue
         tuned = {r["name"] for b in starts.get(start, {}).get("budgets", {}).values() for r in b["runs"]}
-        names = [name for name in finished(args, start) if _epochs(name) >= 1 and f"{start}/{name}" not in tuned]
-        if names:
-            others[start] = [_row(args, start, _values(name), _epochs(name)) for name in names]
+        rows = [row for name, row in finished(args, start).items() if row["epochs"] >= 1 and name not in tuned]
+        if rows:
+            others[start] = rows
     figures = {"protocol": {"grid": GRID, "share_epochs": args.share, "budget_epochs": args.epochs,
                             "probe_figure": "dev bits per byte on about 200,000 tokens of whole dev documents",
                             "budget_figure": "dev bits per byte on the whole dev split"},
                "workdir": str(args.workdir), "starts": starts, "architectures": others,
-               "flags": {start: flags_of(start) for start in STARTS}}
+               "flags": {start: start_flags(start) for start in STARTS}}
     figures["race"] = race(figures)
     figures["plot"] = plot(figures["race"], (args.out if args.quick else ROOT / "docs" / "results") / "tuning.png",
                            tuple(start for start, t in starts.items() if t["chosen"]))
@@ -260,21 +241,11 @@ def report(args) -> dict:
         atomic_write_json(args.out / "tuning.json", figures)
         print(f"wrote {args.out / 'tuning.json'}")
         return figures
-    path = write_result("tuning", figures, seeds=[0], load={
+    path = write_result(ROOT / "results", "tuning", figures, seeds=[0], load={
         "note": "two runs at a time, one per core (taskset), other work sharing the machine at times; each run's "
                 "seconds are in its row"})
     print(f"wrote {path}")
     return figures
-
-
-def _values(name: str) -> dict:
-    """A run folder's name (``4ep_le0.01_we0.9_dr0``) back to its values."""
-    parts = name.split("_")[1:]
-    return {key: float(part[2:]) for key, part in zip(GRID, parts)}
-
-
-def _epochs(name: str) -> float:
-    return float(name.split("ep_")[0])
 
 
 def compute(row: dict) -> float:
@@ -285,31 +256,12 @@ def compute(row: dict) -> float:
 def race(figures: dict) -> dict:
     """Each explicit start's multiplier at each budget (its best run there) against its
     architecture's cold curve (the best cold run of each budget of a whole epoch or more),
-    :func:`saffu.eval.race.multiplier`; and every such run's train–dev gap (nats)."""
+    :func:`saffu.eval.race.tuned_race`; and every such run's train–dev gap (nats)."""
     rows = {start: [r for b in tuned.get("budgets", {}).values() for r in b["runs"]]
             for start, tuned in figures["starts"].items()}
     for start, runs in figures["architectures"].items():     # a tuned start's other runs join its budgets'
         rows[start] = rows.get(start, []) + runs
-    best = {}
-    for start, runs in rows.items():
-        for r in runs:
-            if r["epochs"] >= 1 and (r["epochs"] not in best.get(start, {}) or
-                                     r["dev_bpb"] < best[start][r["epochs"]]["dev_bpb"]):
-                best.setdefault(start, {})[r["epochs"]] = r
-    out = {}
-    for start, cold in COLD_OF.items():
-        if start not in best or cold not in best:
-            continue
-        curve = sorted((compute(r), r["dev_bpb"]) for r in best[cold].values())
-        for epochs, r in sorted(best[start].items()):
-            m = multiplier(curve, r["dev_bpb"], compute(r))
-            out.setdefault(start, []).append({
-                "epochs": epochs, "name": r["name"], "dev_bpb": r["dev_bpb"], "compute": compute(r),
-                "multiplier": m.value, "multiplier_kind": m.kind, "cold_compute": m.cold_compute, "cold": cold,
-                "cold_curve": curve, "gap_nats": r["dev_loss"] - r["train_loss"],
-                "cold_gap_nats": best[cold][epochs]["dev_loss"] - best[cold][epochs]["train_loss"]
-                if epochs in best[cold] else None})
-    return out
+    return tuned_race(rows, COLD_OF, compute)
 
 
 def plot(race_rows: dict, path: Path, tuned: tuple[str, ...] = ()) -> str:
@@ -318,63 +270,28 @@ def plot(race_rows: dict, path: Path, tuned: tuple[str, ...] = ()) -> str:
     another's values) and each explicit start's best run of each budget, the epochs by the
     points; written to ``path`` (PNG). Returns the path (from the project root where it is inside
     it); ``""`` and no file when the race has no rows."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    colds = list(dict.fromkeys(r["cold"] for rows in race_rows.values() for r in rows))
-    if not colds:
-        return ""
-    figure, axes = plt.subplots(1, len(colds), figsize=(4.2 * len(colds), 4), squeeze=False)
-    for axis, cold in zip(axes[0], colds):
-        curve = next(r["cold_curve"] for rows in race_rows.values() for r in rows if r["cold"] == cold)
-        how = "tuned" if cold in tuned else "width 128’s values"
-        axis.plot(*zip(*curve), marker="o", color="tab:gray", label=f"{cold} ({how})")
-        for start, rows in race_rows.items():
-            mine = [r for r in rows if r["cold"] == cold]
-            if mine:
-                axis.plot([r["compute"] for r in mine], [r["dev_bpb"] for r in mine], marker="s", label=start)
-                for r in mine:
-                    axis.annotate(f"{r['epochs']:g}", (r["compute"], r["dev_bpb"]), textcoords="offset points",
-                                  xytext=(4, 4), fontsize=7)
-        axis.set_xscale("log")
-        axis.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())       # the decades' labels only
-        axis.set_xlabel("compute: training FLOPs + the explicit solve's share")
-        axis.set_title(" ".join(flags_of(cold)) or "gpt block, width 128", fontsize=9)
-        axis.grid(alpha=0.3, which="both")
-        axis.legend(fontsize=7)
-    axes[0][0].set_ylabel("whole-dev bits per byte")
-    figure.suptitle("babylm-2023-4src: each explicit start against its architecture's cold curve "
-                    "(epochs by the points)", fontsize=10)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)
+    drawn = plot_race(race_rows, path, heading=lambda cold: " ".join(start_flags(cold)) or "gpt block, width 128",
+                      label=lambda cold: f"{cold} ({'tuned' if cold in tuned else 'width 128’s values'})",
+                      xlabel="compute: training FLOPs + the explicit solve's share", ylabel="whole-dev bits per byte",
+                      title="babylm-2023-4src: each explicit start against its architecture's cold curve "
+                            "(epochs by the points)")
+    return str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path) if drawn else ""
 
 
-def _row(args, start: str, values: dict, epochs: float) -> dict:
-    """A finished run's row: from its folder, else as :func:`recorded_rows` holds it."""
-    name = name_of(start, values, epochs)
-    if not (args.out / "runs" / name / "result.json").exists():
-        return recorded_rows(args)[name]
-    result = json.loads((args.out / "runs" / name / "result.json").read_text())
-    history = [json.loads(line) for line in (args.out / "runs" / name / "metrics.jsonl").read_text().splitlines()]
-    return {"name": name, **values, "epochs": epochs, "dev_bpb": result["dev_bpb"], "dev_loss": result["dev_loss"],
-            "train_loss": history[-1]["train_loss"], "last_dev_window_loss": history[-1]["dev_loss"],
-            "steps": result["steps"], "train_seconds": history[-1]["seconds"],   # also of a run resumed at its end
-            "solve_seconds": result.get("solve_seconds", 0.0), "flops": result.get("flops"),
-            "dev_whole_split": result.get("dev_whole_split"), "flags": flags_of(start),
-            **({"rescored": result["rescored"]} if "rescored" in result else {}),
-            "command": _command(args, args.out / "runs" / name)}
-
-
-def _command(args, folder: Path) -> str:
-    """How a run was started: the runner's command."""
-    return shlex.join(["python", *command(folder, args.workdir)[1:]])
+def _row(args, folder: Path) -> dict:
+    """The row of a finished run's folder (``OUT/runs/START/4ep_le0.01_we0.9_dr0``): its values
+    and budget (from its name), its figures (:func:`saffu.runner.final_figures`) and command."""
+    start, name = folder.parent.name, folder.name
+    result = json.loads((folder / "result.json").read_text())
+    values = {key: float(part[2:]) for key, part in zip(GRID, name.split("_")[1:])}
+    return {"name": f"{start}/{name}", **values, "epochs": float(name.split("ep_")[0]),
+            **final_figures(result, history(folder)), "dev_whole_split": result.get("dev_whole_split"),
+            "flags": start_flags(start), **({"rescored": result["rescored"]} if "rescored" in result else {}),
+            "command": shlex.join(["python", *command(folder, args.workdir)[1:]])}
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    args = script_options(Options, argv, __doc__.splitlines()[0])
     if args.quick:
         args.share, args.epochs = 0.25, [1.0]
         if not (args.workdir / "meta.json").exists():
@@ -388,9 +305,9 @@ def main(argv=None) -> int:
         run_all(args, [(start, values, args.share) for start in args.starts
                      for values in combinations(grid_of(args, start))])
         for start in args.starts:
-            print(f"{start}: {tuned_grid(args, start, run=True)[1]}", flush=True)
+            print(f"{start}: {search_of(args, start, run=True).chosen}", flush=True)
     elif args.phase == "budgets":
-        chosen = {start: tuned_grid(args, start, run=False)[1] for start in args.starts}
+        chosen = {start: search_of(args, start, run=False).chosen for start in args.starts}
         if None in chosen.values():
             raise SystemExit("the grid phase has not chosen every start's values yet (--phase grid)")
         # the tuned rate of every start first (a comparison as soon as one round ends), then the neighbours
@@ -399,8 +316,7 @@ def main(argv=None) -> int:
         run_all(args, first)
         for start, values in chosen.items():
             for epochs in args.epochs:
-                print(f"{start} at {epochs:g} epochs: {budget_rates(args, start, values, epochs, run=True)[1]}",
-                      flush=True)
+                print(f"{start} at {epochs:g} epochs: {search_of(args, start, True, epochs, values).chosen}", flush=True)
     if args.report or args.quick:
         report(args)
     return 0

@@ -316,7 +316,7 @@ def _hf_init(args) -> dict:
 
     from saffu.interop.hf import export_hf
     from saffu.models.interface import model_init
-    from saffu.training.recipes import explicit_transformer_start
+    from saffu.training.recipes import explicit_start
     workdir = _workdir(args)
     block = {"gpt2": "gpt", "llama": "llama"}[args.hf_config]
     # one token of context: Hugging Face trains and reads from position 0
@@ -327,9 +327,9 @@ def _hf_init(args) -> dict:
     if args.random:
         params, start = model_init(config, key), "random init (the control)"
     else:
-        params, _, _ = explicit_transformer_start(workdir, config, key, ("embeddings", "output"),
-                                                  configs.FactorConfig(holdout_tokens=args.holdout_tokens),
-                                                  not args.quiet)
+        pieces = configs.StartConfig(init="explicit", model="transformer", explicit_pieces=("embeddings", "output"))
+        params, _, _ = explicit_start(workdir, config, key, pieces, configs.FactorConfig(holdout_tokens=args.holdout_tokens),
+                                      not args.quiet)
         start = "explicit embeddings and output kernel, the rest random"
     card = (f"# An initial {args.hf_config} checkpoint from saffu\n\n{start} (seed {args.seed}), width {args.rank}, "
             f"{args.layers} layers, {args.attention_heads} heads, for {workdir.meta['corpus']} "

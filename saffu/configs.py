@@ -703,6 +703,8 @@ class TransformerConfig(SelfGuided):
         ``"gpt"`` (LayerNorm, biased projections, a GELU MLP, learned absolute positions;
         structured MLPs and self-guided training are its own); the output
         layer's bias follows ``output_bias`` in both.
+      across_documents: attention also sees the earlier documents of a window (a plain causal
+        mask); default ``False``: a position sees its own document only, as the SAFFU windows do.
     """
 
     vocab_size: int
@@ -718,6 +720,7 @@ class TransformerConfig(SelfGuided):
     guide_share: float = 0.0
     output_bias: bool = False
     block: str = "llama"
+    across_documents: bool = False
     kind: str = "transformer"
 
     def __post_init__(self):
@@ -790,6 +793,79 @@ class TransformerConfig(SelfGuided):
         return flops
 
 
+#: penzai's transformers (:class:`PenzaiConfig`): its Llama-like one and its GPT-NeoX.
+PENZAI_FAMILIES = ("llama", "neox")
+
+
+@dataclasses.dataclass(frozen=True)
+class PenzaiConfig:
+    """A transformer that penzai builds (the model is :mod:`saffu.models.penzai`; ``pip install
+    -e '.[models]'``): params ``{label: float32 array}`` by penzai's parameter labels (the named
+    axes in penzai's order), neither family with an output bias. The default size is the
+    project's transformer's (width 128, 5 blocks, 4 heads of 32, 32 tokens of context).
+
+    Attributes:
+      vocab_size: ``V``.
+      family: ``llama`` (penzai's Llama-like: RMSNorm, RoPE, SwiGLU) or ``neox`` (GPT-NeoX:
+        LayerNorm, parallel attention and MLP, partial RoPE, GELU).
+      width: the model width ``d``.
+      layers: decoder blocks.
+      heads: attention heads (each ``d / heads`` wide).
+      mlp: the MLP's hidden width (the Llama-like SwiGLU takes two thirds of it, so its weights
+        match a plain MLP's).
+      tied: one matrix for the embeddings and the output (penzai scales it by ``√d`` on the way
+        in; ``llama`` only).
+      context_tokens: left context before a window's targets when training and scoring.
+    """
+
+    vocab_size: int
+    family: str = "llama"
+    width: int = TransformerConfig.width
+    layers: int = TransformerConfig.layers
+    heads: int = TransformerConfig.heads
+    mlp: int = 512
+    tied: bool = False
+    context_tokens: int = TransformerConfig.context_tokens
+    kind: str = "penzai"
+
+    def __post_init__(self):
+        if self.family not in PENZAI_FAMILIES:
+            raise SaffuError(f"penzai family must be one of {', '.join(PENZAI_FAMILIES)}, got {self.family!r}")
+        if self.tied and self.family != "llama":
+            raise SaffuError("a tied matrix is penzai's Llama-like option; GPT-NeoX is untied")
+        if min(self.width, self.layers, self.heads, self.mlp, self.context_tokens) < 1:
+            raise SaffuError("penzai width, layers, heads, mlp and context must be ≥ 1")
+        if self.width % self.heads:
+            raise SaffuError(f"width {self.width} must be a multiple of heads {self.heads}")
+
+    @property
+    def context(self) -> int:
+        return self.context_tokens
+
+    @property
+    def eval_seq_len(self) -> int:
+        return EVAL_SEQ_LEN
+
+    def forward_flops(self, seq_len: int) -> float:
+        """Multiply-add FLOPs (×2) per predicted token of a window of ``seq_len`` targets: the
+        blocks' projections and MLP, attention over the average visible length, the output layer."""
+        d, L, V = self.width, self.layers, self.vocab_size
+        mean_visible = (self.context + seq_len + 1) / 2
+        mlp = 3 * d * (self.mlp * 2 // 3) if self.family == "llama" else 2 * d * self.mlp
+        return 2.0 * (L * (4 * d * d + mlp + 2 * mean_visible * d) + d * V)
+
+    def selectors(self) -> dict[str, str]:
+        """The labels of the leaves an explicit init sets, as :func:`saffu.interop.explicit_init`'s
+        keyword arguments: the embeddings ``[V, d]`` and, untied, the output kernel ``[d, V]``."""
+        if self.tied:
+            return {"embedding": PENZAI_EMBEDDING}
+        return {"embedding": PENZAI_EMBEDDING, "output": PENZAI_OUTPUT}
+
+
+#: The labels of a penzai model's token embeddings ``[V, d]`` (also its output, tied) and of
+#: its untied output kernel ``[d, V]``.
+PENZAI_EMBEDDING, PENZAI_OUTPUT = "transformer/embedder.embeddings", "transformer/lm_head.weights"
+
 RESIDUAL_SCALES = ("fixed", "learned", "annealed")
 #: Blocks of whole documents a training stream is cut into for cross-fitting (block b is in
 #: fold b mod K; :mod:`saffu.data.folds`).
@@ -798,6 +874,9 @@ FOLD_BLOCKS = 64
 #: What an explicit init of the transformer takes from the explicit low-rank factors
 #: (:func:`saffu.models.transformer.explicit_transformer_init`).
 EXPLICIT_PIECES = ("bias", "embeddings", "output")
+#: Closed forms of one matrix that is both the token embedding and the output kernel
+#: (:func:`saffu.models.penzai.tied_matrix`): ``E_0``, ``Bᵀ``, or the two at equal RMS averaged.
+TIED_CHOICES = ("embedding", "output", "mean")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1022,10 +1101,11 @@ FIELD_CHOICES = {(TransformerConfig, "block"): BLOCKS,
                  (SaffuConfig, "chain"): STRUCTURES, (FactorisedConfig, "output"): STRUCTURES,
                  (TransformerConfig, "ffn"): STRUCTURES, (TrainConfig, "on_nonfinite"): NONFINITE_ACTIONS,
                  (TrainConfig, "compute_dtype"): COMPUTE_DTYPES, (ExactConfig, "smoothing"): EXACT_SMOOTHINGS,
-                 (ResidualConfig, "scale"): RESIDUAL_SCALES}
+                 (ResidualConfig, "scale"): RESIDUAL_SCALES,
+                 (PenzaiConfig, "family"): PENZAI_FAMILIES}
 
 INIT_KINDS = ("explicit", "random", "inherit")
-MODEL_KINDS = ("saffu", "transformer", "factorised")
+MODEL_KINDS = ("saffu", "transformer", "factorised", "penzai")
 GROW_BY = ("reference", "solve")
 
 
@@ -1038,14 +1118,19 @@ class StartConfig:
         low-rank factors solved here, see --explicit-pieces); random: cold start; inherit: a
         transformer or SAFFU stack from the first blocks of --reference (Inheritune)
       model: architecture of a new run (an existing run keeps its own)
-      explicit_pieces: transformer --init explicit: output bias = log unigram, token embeddings and
-        output kernel from the explicit factors (rank = --width), rescaled to the random init's scale
-      explicit_embedding_rms: transformer --init explicit: the explicit embeddings' root-mean-square
+      explicit_pieces: transformer or penzai --init explicit: output bias = log unigram (a model with
+        one), token embeddings and output kernel from the explicit factors (rank = --width), rescaled to
+        the random init's scale; none: the random init, its embeddings at --explicit-embedding-rms
+        (the scale ablation)
+      explicit_embedding_rms: transformer or penzai --init explicit: the embeddings' root-mean-square
         (default: the random init's; 1.0: the scale a norm layer outputs, which the budget sweep
         measured against the default)
-      explicit_output_rms: transformer --init explicit: the explicit output kernel's root-mean-square
-        (default: the random init's, ``1/√d`` for flax's initialiser; penzai's Llama-like starts its
-        output at about ``√(2 / (d + V))``)
+      explicit_output_rms: transformer or penzai --init explicit: the explicit output kernel's
+        root-mean-square (default: the random init's, ``1/√d`` for flax's initialiser; penzai's
+        Llama-like starts its output at about ``√(2 / (d + V))``)
+      explicit_tied: penzai --tied --init explicit: the one matrix's closed form: embedding (E₀),
+        output (Bᵀ) or mean (both at equal RMS, averaged), at --explicit-embedding-rms (default: the
+        random matrix's own; it is also the output kernel)
       residual: learn a residual over the exact model of this run (`saffu exact`): logits =
         λ · log P_exact + f(context), f's output layer at zero, so step 0 is the exact model
       bundle: with --residual: copy the exact model into the run (RUN/exact), so it survives moving
@@ -1071,6 +1156,7 @@ class StartConfig:
     explicit_pieces: tuple[str, ...] = EXPLICIT_PIECES
     explicit_embedding_rms: float | None = None
     explicit_output_rms: float | None = None
+    explicit_tied: str = "mean"
     residual: str | None = None
     bundle: bool = False
     reference: str | None = None
@@ -1085,10 +1171,13 @@ class StartConfig:
         for flag, value in (("embedding", self.explicit_embedding_rms), ("output", self.explicit_output_rms)):
             if value is not None and not value > 0:
                 raise SaffuError(f"--explicit-{flag}-rms must be > 0, not {value}")
+        if self.explicit_tied not in TIED_CHOICES:
+            raise SaffuError(f"--explicit-tied must be one of {', '.join(TIED_CHOICES)}, not {self.explicit_tied!r}")
 
 
 FIELD_CHOICES.update({(StartConfig, "init"): INIT_KINDS, (StartConfig, "model"): MODEL_KINDS,
-                      (StartConfig, "explicit_pieces"): EXPLICIT_PIECES, (StartConfig, "grow_by"): GROW_BY})
+                      (StartConfig, "explicit_pieces"): EXPLICIT_PIECES, (StartConfig, "grow_by"): GROW_BY,
+                      (StartConfig, "explicit_tied"): TIED_CHOICES})
 
 
 @dataclasses.dataclass(frozen=True)

@@ -97,6 +97,20 @@ def flag_name(name: str, rename: dict | None = None) -> str:
     return (rename or {}).get(name) or "--" + name.replace("_", "-")
 
 
+def flags_of(settings: dict, rename: dict | None = None) -> list[str]:
+    """``settings`` ``{name: value}`` as the words of a command line: ``--name value`` (a float
+    as ``%g``), a boolean ``--name`` or ``--no-name``; ``{"block": "llama", "output_bias": False}``
+    is ``--block llama --no-output-bias``."""
+    words = []
+    for name, value in settings.items():
+        flag = flag_name(name, rename)
+        if isinstance(value, bool):
+            words.append(flag if value else "--no-" + flag[2:])
+        else:
+            words += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+    return words
+
+
 def dest_of(name: str, rename: dict | None = None) -> str:
     """The parsed attribute of field ``name``: the field name, or that of its renamed flag."""
     return flag_name(name, rename).lstrip("-").replace("-", "_") if name in (rename or {}) else name
@@ -196,8 +210,11 @@ ARCH, ARCH_RENAME = ("radius", "heads", "positions", "hidden", "value_form", "bl
 OUTPUT, OUTPUT_RENAME = ("output", "output_share", "output_blocks", "guide_share"), {
     "output": "--output-structure", "guide_share": "--output-guided"}
 TRANSFORMER = ("width", "layers", "heads", "mlp_ratio", "context_tokens", "max_len", "ffn", "ffn_share", "ffn_blocks",
-               "guide_share", "output_bias", "block")
+               "guide_share", "output_bias", "block", "across_documents")
 TRANSFORMER_RENAME = {"heads": "--attention-heads", "context_tokens": "--context", "guide_share": "--self-guided"}
+#: A penzai model's flags: width, layers, heads and context are the transformer's flags.
+PENZAI, PENZAI_RENAME = ("family", "width", "layers", "heads", "mlp", "tied", "context_tokens"), {
+    "heads": "--attention-heads", "context_tokens": "--context", "mlp": "--mlp-width"}
 TRAIN = ("steps", "batch_size", "seq_len", "learning_rate", "warmup_steps", "weight_decay", "adam_eps", "eval_every",
          "eval_windows", "checkpoint_every", "seed", "freeze", "thaw_step", "on_nonfinite", "log_every", "compute_dtype",
          "dropout", "words_unit", "tensorboard")
@@ -207,13 +224,14 @@ EXACT = ("groups", "mu", "buckets", "bucket_by", "smoothing", "nested", "holdout
 SMOOTHING, SMOOTHING_RENAME = ("kind", "mu", "alpha"), {"kind": "--smoothing"}
 PREPARE = ("vocab_size", "allow_smaller_vocab", "strict")
 DEVICE_CHECK = tuple(f.name for f in dataclasses.fields(configs.DeviceCheckConfig))
-START = ("init", "model", "explicit_pieces", "explicit_embedding_rms", "explicit_output_rms", "residual", "bundle",
-         "reference", "inherit_layers", "inherit_before_lazy", "start_from", "grow_by", "devices")
+START = ("init", "model", "explicit_pieces", "explicit_embedding_rms", "explicit_output_rms", "explicit_tied", "residual",
+         "bundle", "reference", "inherit_layers", "inherit_before_lazy", "start_from", "grow_by", "devices")
 RESIDUAL_RENAME = {"scale": "--residual-scale", "folds": "--cross-fit"}
 #: ``--model`` -> its config class, the fields its flags set and their renamed flags
 MODEL = {"saffu": (configs.SaffuConfig, ("bits", *ARCH), ARCH_RENAME),
          "transformer": (configs.TransformerConfig, TRANSFORMER, TRANSFORMER_RENAME),
-         "factorised": (configs.FactorisedConfig, ("rank", "positions", "radius", "heads", *OUTPUT), OUTPUT_RENAME)}
+         "factorised": (configs.FactorisedConfig, ("rank", "positions", "radius", "heads", *OUTPUT), OUTPUT_RENAME),
+         "penzai": (configs.PenzaiConfig, PENZAI, PENZAI_RENAME)}
 
 
 def add_common(parser) -> None:
@@ -356,7 +374,7 @@ def spec_defaults(path: Path) -> dict:
 
 
 def model_from_args(model: str, args, vocab_size: int):
-    """The config of a new ``model`` (``saffu``, ``transformer``, ``factorised``) from its flags."""
+    """The config of a new ``model`` (``saffu``, ``transformer``, ``factorised``, ``penzai``) from its flags."""
     cls, fields, rename = MODEL[model]
     return config_from_args(cls, args, fields, rename, vocab_size=vocab_size)
 
@@ -439,12 +457,12 @@ def _exact_flags(p) -> None:
 def _train_flags(p) -> None:
     """backprop with optax from explicit (warm) or random (cold) init
 
-    Train a SAFFU model (or the transformer baseline); a rerun resumes from --run's last checkpoint. Ends
-    with an evaluation of about --eval-tokens tokens per split."""
+    Train a SAFFU model (or the transformer baseline, or a penzai model); a rerun resumes from --run's last
+    checkpoint. Ends with an evaluation of about --eval-tokens tokens per split."""
     add_run_flags(p, "run directory (of `saffu fit` for --init explicit)")
     add_process_flags(p)
     add_config_flags(p, configs.StartConfig, START, extra={
-        "init": {"required": True, "default": None}, "explicit_pieces": {"nargs": "+"},
+        "init": {"required": True, "default": None}, "explicit_pieces": {"nargs": "*"},
         "residual": {"type": Path, "metavar": "EXACT_RUN"}, **{f: {"type": Path, "metavar": "RUN"} for f in
                                                               ("reference", "start_from")}})
     add_config_flags(p, configs.FactorConfig, ("holdout_tokens",),
@@ -460,6 +478,9 @@ def _train_flags(p) -> None:
     t = p.add_argument_group("transformer (with --model transformer)")
     add_transformer_flags(t)
     add_config_flags(t, configs.StartConfig, ("ffn_from",), extra={"ffn_from": {"type": Path, "metavar": "RUN"}})
+    z = p.add_argument_group("penzai (with --model penzai, pip install -e '.[models]'; --width, --layers, "
+                             "--attention-heads and --context as the transformer's)")
+    add_config_flags(z, configs.PenzaiConfig, ("family", "mlp", "tied"), PENZAI_RENAME)
     add_config_flags(p, configs.SaffuConfig, ("bits",))
     add_config_flags(p, configs.TrainConfig, TRAIN)
     add_eval_flags(p)

@@ -16,10 +16,12 @@ interrupted one resumes from its last checkpoint; :func:`gather` turns the folde
 from __future__ import annotations
 
 import copy
+import datetime
 import hashlib
 import itertools
 import json
 import os
+import platform
 import shlex
 import shutil
 import subprocess
@@ -203,6 +205,16 @@ def exact_run(workdir: str | Path, run: str | Path, flags: tuple[str, ...] = (),
     return run
 
 
+def run_saffu(*words) -> None:
+    """Run the command ``saffu WORDS --quiet`` (each word as ``str``) in a process of its own, its
+    output captured. Raises :class:`SaffuError` with the last line of its standard error (saffu's
+    one error line) when it fails."""
+    done = subprocess.run([sys.executable, "-m", "saffu", *map(str, words), "--quiet"], capture_output=True, text=True)
+    if done.returncode:
+        lines = done.stderr.strip().splitlines()
+        raise SaffuError(lines[-1] if lines else f"saffu {words[0]} failed (exit {done.returncode})")
+
+
 def gather_one(folder: str | Path) -> dict:
     """The row of a finished run folder: ``name``, ``spec_hash``, its spec's settings
     (``"train.learning_rate"``, …), every figure of its ``result.json``, the last training loss
@@ -212,16 +224,58 @@ def gather_one(folder: str | Path) -> dict:
     folder = Path(folder)
     spec = json.loads((folder / SPEC).read_text())
     result = json.loads((folder / RESULT).read_text())
-    history = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    records = history(folder)
     row = {"name": folder.name, "spec_hash": spec_hash(spec), **flatten(spec), **result}
-    trained = [h for h in history if h.get("train_loss") == h.get("train_loss") and h.get("train_loss") is not None]
+    trained = [h for h in records if h.get("train_loss") == h.get("train_loss") and h.get("train_loss") is not None]
     if trained:
         row["train_loss"] = trained[-1]["train_loss"]
         if "dev_loss" in row:
             row["gap_nats"] = row["dev_loss"] - row["train_loss"]
-    if history and row.get("flops") and history[-1].get("seconds"):
-        row["compute"] = compute_with_solve(row["flops"], history[-1]["seconds"], row.get("solve_seconds", 0.0))
+    if records and row.get("flops") and records[-1].get("seconds"):
+        row["compute"] = compute_with_solve(row["flops"], records[-1]["seconds"], row.get("solve_seconds", 0.0))
     return row
+
+
+def history(folder: str | Path) -> list[dict]:
+    """The records of a run folder's ``metrics.jsonl``, one per evaluation (blank lines skipped)."""
+    return [json.loads(line) for line in (Path(folder) / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def final_figures(result: Mapping, records: list[Mapping]) -> dict:
+    """What a report keeps of a finished training, from its ``result.json`` ``result`` and its
+    last record of ``records`` (:func:`history`): the whole-dev ``dev_bpb`` and ``dev_loss``, the
+    last ``train_loss``, the last periodic dev loss on the dev windows
+    (``last_dev_window_loss``), ``steps``, ``train_seconds`` (the last record's: also right for a
+    run resumed at its end), ``solve_seconds`` (0 without a solve) and ``flops`` (``steps`` and
+    ``flops`` the last record's, else the result's)."""
+    last = records[-1]
+    return {"dev_bpb": result["dev_bpb"], "dev_loss": result["dev_loss"], "train_loss": last["train_loss"],
+            "last_dev_window_loss": last["dev_loss"], "steps": last.get("step", result.get("steps")),
+            "train_seconds": last["seconds"], "solve_seconds": result.get("solve_seconds", 0.0),
+            "flops": last.get("flops", result.get("flops"))}
+
+
+def steps_per_epoch(workdir: str | Path, targets_per_step: int) -> int:
+    """The steps of one epoch of ``workdir``'s training split at ``targets_per_step`` targets a
+    step (batch size × sequence length); at least 1."""
+    meta = json.loads((Path(workdir) / "meta.json").read_text())
+    targets = meta["splits"][meta.get("train_split", "train_10M")]["tokens"] - 1
+    return max(targets // targets_per_step, 1)
+
+
+def recorded(path: str | Path) -> dict:
+    """The figures of a results file (``results/NAME.json``), ``{}`` while there is none: the rows
+    of earlier sessions, whose run folders stayed on the machine that made them."""
+    path = Path(path)
+    return json.loads(path.read_text())["figures"] if path.exists() else {}
+
+
+def joined(here: list[dict], earlier: list[dict], key: Callable[[dict], object]) -> list[dict]:
+    """The rows ``here`` (of this machine's run folders), then each row of ``earlier`` (recorded by
+    earlier sessions, :func:`recorded`) whose ``key`` no row here has: a run made again here
+    replaces its recorded row."""
+    seen = {key(row) for row in here}
+    return [*here, *(row for row in earlier if key(row) not in seen)]
 
 
 def gather(out: str | Path) -> list[dict]:
@@ -287,3 +341,34 @@ def demo(corpus_path: str | Path, out: str | Path, bigram: configs.BigramConfig,
     metrics.update(evaluate_split(trained, model, workdir, "dev", progress=progress, prefix="warm_dev_"))
     metrics["total_seconds"] = time.perf_counter() - start
     return metrics, run, workdir
+
+
+def machine(root: str | Path = ".") -> dict:
+    """Where figures were measured: processor, cores, memory, JAX backend and version, Python,
+    and the git revision of the checkout at ``root`` (``+changes`` when its tracked files differ)."""
+    import jax
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    cpuinfo = Path("/proc/cpuinfo")
+    model = next((line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+                  if line.startswith("model name")), platform.processor()) if cpuinfo.exists() else ""
+    git = lambda *words: subprocess.run(["git", "-C", str(root), *words], capture_output=True, text=True).stdout.strip()
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+    return {"cpu": model, "cores": os.cpu_count(), "memory_gb": round(memory / 2**30, 1),
+            "jax_backend": jax.default_backend(), "jax": jax.__version__, "python": platform.python_version(),
+            "revision": git("rev-parse", "--short", "HEAD") + ("+changes" if dirty else "")}
+
+
+def write_result(results: str | Path, name: str, figures: Mapping, seeds: list[int], load: Mapping | None = None,
+                 started: datetime.datetime | None = None) -> Path:
+    """Write ``RESULTS/<name>.json`` (``results``: a checkout's ``results/`` folder), an experiment's
+    figures with what it takes to trust and reproduce them: the command as typed (from the
+    checkout's root), the date, ``seeds``, :func:`machine` and ``load`` (e.g. the load averages
+    before and after; the 1-minute load average now by default). :func:`recorded` reads it back."""
+    now = datetime.datetime.now(datetime.UTC)
+    path = Path(results) / f"{name}.json"
+    atomic_write_json(path, {
+        "command": " ".join(shlex.quote(a) for a in ["python", *sys.argv]),
+        "date": (started or now).strftime("%Y-%m-%d"), "started": (started or now).isoformat(timespec="seconds"),
+        "finished": now.isoformat(timespec="seconds"), "seeds": seeds, "machine": machine(path.parent.parent),
+        "load": dict(load) if load else {"load_average_1min": os.getloadavg()[0]}, "figures": dict(figures)})
+    return path

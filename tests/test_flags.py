@@ -184,3 +184,11 @@ def test_script_options_parse_a_dataclass_and_refuse_what_does_not_go_together(c
         script_options(_ScriptOptions, ["--help"])
     shown = capsys.readouterr().out
     assert "where it writes" in shown and "--no-write" in shown and "--child" not in shown   # hidden: parsed, not listed
+
+
+def test_settings_are_written_as_the_flags_that_set_them():
+    from saffu.flags import TRANSFORMER_RENAME, flags_of
+    assert flags_of({"block": "llama", "output_bias": False, "heads": 4}, TRANSFORMER_RENAME) == [
+        "--block", "llama", "--no-output-bias", "--attention-heads", "4"]
+    assert flags_of({"explicit_embedding_rms": 1.0, "explicit_output_rms": 0.0155, "tied": True}) == [
+        "--explicit-embedding-rms", "1", "--explicit-output-rms", "0.0155", "--tied"]

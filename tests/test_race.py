@@ -138,3 +138,65 @@ def test_a_budgets_rates_grow_by_two_and_stop_at_their_limit():
     falling = search({"learning_rate": [0.015, 0.03, 0.06]}, _recorded(lambda v: -v["learning_rate"], []),
                      rules=GROW_BY_TWO, max_values=6)      # always better higher: grows to 6 rates, then gives up
     assert falling.chosen is None and len(falling.grid["learning_rate"]) == 6 and "largest" in falling.why
+
+
+def test_a_longer_budgets_rate_search_keeps_the_grids_other_values():
+    from saffu.eval.race import rate_search
+    chosen = {"learning_rate": 0.01, "weight_decay": 0.9, "dropout": 0.0}
+    asked = []
+    found = rate_search(chosen, _recorded(lambda v: abs(math.log(v["learning_rate"] / 0.004)), asked))
+    # 0.005 is the best of 0.005 / 0.01 / 0.02, an edge: 0.0025 is run, and 0.005 is then inside
+    assert found.grid == {"learning_rate": [0.0025, 0.005, 0.01, 0.02]}
+    assert found.chosen == {**chosen, "learning_rate": 0.005}
+    assert all(values == {**chosen, "learning_rate": values["learning_rate"]} for values in asked)
+    assert [values for values, _ in found.probes] == [{**chosen, "learning_rate": r} for r in found.grid["learning_rate"]]
+    assert rate_search(chosen, lambda combos: []).chosen is None         # no runs: nothing chosen
+
+
+def test_a_cold_curve_is_each_budgets_best_run_or_its_seeds_averaged():
+    from saffu.eval.race import best_per_budget, mean_curve
+    rows = [{"epochs": 1, "dev_bpb": 1.9, "compute": 1.0, "name": "a"}, {"epochs": 4, "dev_bpb": 1.7, "compute": 4.0,
+            "name": "b"}, {"epochs": 1, "dev_bpb": 1.8, "compute": 3.0, "name": "c"},
+            {"epochs": 1, "dev_bpb": 1.8, "compute": 5.0, "name": "d"}]
+    best = best_per_budget(rows)
+    assert list(best) == [1, 4] and best[1]["name"] == "c" and best[4]["name"] == "b"      # the first of equals
+    assert mean_curve(rows) == [(3.0, pytest.approx(5.5 / 3)), (4.0, 1.7)]
+
+
+def test_the_tuned_race_measures_each_explicit_start_against_its_own_cold_curve():
+    from saffu.eval.race import tuned_race
+    run = lambda name, epochs, bpb, compute: {"name": name, "epochs": epochs, "dev_bpb": bpb, "flops": compute,
+                                              "dev_loss": 4.0, "train_loss": 3.5}
+    runs = {"cold": [run("c1", 1.0, 2.0, 1.0), run("c1b", 1.0, 2.1, 1.0), run("c4", 4.0, 1.8, 4.0),
+                     run("cq", 0.25, 1.0, 0.25)],           # a quarter-epoch probe is no budget
+            "explicit": [run("e1", 1.0, 1.9, 1.0), run("e2", 2.0, 1.7, 2.0)], "lonely": [run("l1", 1.0, 1.0, 1.0)]}
+    race = tuned_race(runs, {"explicit": "cold", "lonely": "nowhere"}, compute=lambda r: r["flops"])
+    assert list(race) == ["explicit"]                       # a start whose cold start has no runs is left out
+    one, two = race["explicit"]
+    assert one["cold_curve"] == [(1.0, 2.0), (4.0, 1.8)]      # cold's best of each budget
+    assert (one["epochs"], one["name"], one["multiplier_kind"], one["cold"]) == (1.0, "e1", MEASURED, "cold")
+    assert one["multiplier"] == pytest.approx(2.0) and one["cold_gap_nats"] == 0.5     # halfway: √(1 · 4) = 2
+    assert two["multiplier_kind"] == LOWER_BOUND and two["cold_gap_nats"] is None     # cold ran no 2 epochs
+
+
+def test_a_race_is_drawn_one_panel_per_cold_start(tmp_path):
+    from saffu.eval.plots import plot_race
+    row = {"epochs": 1.0, "dev_bpb": 1.9, "compute": 1.0, "cold": "cold", "cold_curve": [(1.0, 2.0), (4.0, 1.8)]}
+    path = tmp_path / "figures" / "race.png"
+    assert plot_race({"explicit": [row]}, path, heading=str, label=str, xlabel="compute", ylabel="bits per byte")
+    assert path.read_bytes()[:4] == b"\x89PNG"
+    assert not plot_race({}, tmp_path / "none.png", heading=str, label=str, xlabel="", ylabel="")
+    assert not (tmp_path / "none.png").exists()
+
+
+def test_curves_are_drawn_on_linear_axes_at_the_asked_size(tmp_path):
+    import struct
+
+    from saffu.eval.plots import Series, plot_curves
+    path = tmp_path / "figures" / "curves.png"
+    series = [Series([(0, 9.0), (50, 5.0), (100, 4.0)], "inherit, 2 blocks", {"color": "tab:red", "alpha": 0.5}),
+              Series([(100, 4.0), (150, 3.8)], "inherit, 3 blocks", {"color": "tab:red"}), Series([], "none")]
+    plot_curves(path, series, xlabel="steps", ylabel="dev loss", levels=[(3.9, {"color": "black", "label": "ref"})],
+                ylim=(3.5, 5.0), size=(8, 4.5), legend={"fontsize": 8})
+    data = path.read_bytes()
+    assert data[:4] == b"\x89PNG" and struct.unpack(">II", data[16:24]) == (880, 495)     # 8 × 4.5 in at 110 dpi

@@ -2,6 +2,7 @@
 refuses a folder of another spec, rows gathered back, and ``saffu sweep``."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -118,3 +119,51 @@ def test_an_exact_run_is_made_once_and_then_reused(tiny_workdir, tmp_path):
         exact_run(tiny_workdir.path, elsewhere, say=said.append)
     with pytest.raises(SaffuError, match="saffu exact failed"):
         exact_run(tmp_path / "no_workdir", tmp_path / "other", say=said.append)
+
+
+def test_a_report_reads_a_run_folders_final_figures_and_joins_the_recorded_rows(tmp_path):
+    from saffu.runner import final_figures, history, joined, recorded, steps_per_epoch
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 50, "seconds": 10.0, "train_loss": 5.0, "dev_loss": 5.2})
+                                       + "\n\n" + json.dumps({"step": 100, "seconds": 20.0, "flops": 2e12,
+                                                              "train_loss": 4.0, "dev_loss": 4.3}) + "\n")
+    records = history(run)
+    assert [r["step"] for r in records] == [50, 100]                    # the blank line skipped
+    figures = final_figures({"dev_bpb": 1.8, "dev_loss": 4.2, "solve_seconds": 5.0}, records)
+    assert figures == {"dev_bpb": 1.8, "dev_loss": 4.2, "train_loss": 4.0, "last_dev_window_loss": 4.3, "steps": 100,
+                       "train_seconds": 20.0, "solve_seconds": 5.0, "flops": 2e12}
+    assert final_figures({"dev_bpb": 1.8, "dev_loss": 4.2, "flops": 3e12}, [{"seconds": 1.0, "train_loss": 4.0,
+                                                                          "dev_loss": 4.1}])["flops"] == 3e12
+    assert recorded(tmp_path / "results" / "none.json") == {}
+    (tmp_path / "record.json").write_text(json.dumps({"command": "python x.py", "figures": {"rows": [{"name": "a"}]}}))
+    assert recorded(tmp_path / "record.json") == {"rows": [{"name": "a"}]}
+    here, earlier = [{"name": "a", "dev_bpb": 1.5}], [{"name": "a", "dev_bpb": 1.9}, {"name": "b", "dev_bpb": 2.0}]
+    assert joined(here, earlier, key=lambda row: row["name"]) == [{"name": "a", "dev_bpb": 1.5},
+                                                                  {"name": "b", "dev_bpb": 2.0}]
+    (tmp_path / "meta.json").write_text(json.dumps({"train_split": "train", "splits": {"train": {"tokens": 1001}}}))
+    assert steps_per_epoch(tmp_path, 100) == 10 and steps_per_epoch(tmp_path, 4096) == 1
+
+
+def test_a_saffu_command_runs_quietly_and_its_failure_is_its_error_line(tiny_workdir, tmp_path):
+    from saffu.runner import run_saffu
+    run_saffu("stats", "--workdir", tiny_workdir.path, "--metrics-json", tmp_path / "stats.json")
+    assert "dev_bpb" in json.dumps(json.loads((tmp_path / "stats.json").read_text()))
+    with pytest.raises(SaffuError, match=r"^saffu: error: .*nowhere") as caught:
+        run_saffu("eval", "--workdir", tmp_path / "nowhere", "--run", tmp_path / "nowhere")
+    assert "\n" not in str(caught.value)
+
+
+def test_a_results_file_holds_its_figures_and_what_it_takes_to_trust_them(tmp_path):
+    """:func:`saffu.runner.write_result` writes ``RESULTS/NAME.json`` with the figures, the
+    command, the date, the seeds, the machine and the load; :func:`recorded` reads the figures back."""
+    from saffu.runner import recorded, write_result
+    path = write_result(tmp_path / "results", "probe", {"dev_bpb": 1.5, "rows": [1, 2]}, seeds=[0, 1],
+                        load={"load_average_1min_before": 0.5})
+    record = json.loads(path.read_text())
+    assert path == tmp_path / "results" / "probe.json"
+    assert record["figures"] == {"dev_bpb": 1.5, "rows": [1, 2]} == recorded(path)
+    assert record["seeds"] == [0, 1] and record["load"] == {"load_average_1min_before": 0.5}
+    assert record["command"].startswith("python ") and len(record["date"]) == 10
+    assert record["machine"]["cores"] == os.cpu_count() and record["machine"]["jax_backend"] == "cpu"
+    assert "load_average_1min" in json.loads(write_result(tmp_path / "results", "other", {}, seeds=[]).read_text())["load"]

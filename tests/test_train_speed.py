@@ -14,7 +14,7 @@ from saffu.configs import TrainConfig, TransformerConfig
 from saffu.data.tokenizer import EOD_ID
 from saffu.models.fused_loss import linear_nll_sum
 from saffu.models.interface import model_init, target_loss, window_loss
-from saffu.models.transformer import document_causal_mask, self_attention
+from saffu.models.transformer import causal_mask, self_attention
 
 
 def _reference(h, kernel, bias, targets, weights):
@@ -75,7 +75,7 @@ def test_attention_equals_flax_multi_head_attention_and_its_gradients():
     module = nnx.MultiHeadAttention(num_heads=4, in_features=16, decode=False, rngs=nnx.Rngs(0))
     graphdef, params = nnx.split(module, nnx.Param)
     x = jax.random.normal(jax.random.key(1), (3, 11, 16))
-    mask = document_causal_mask(_tokens(3, 11, 30))
+    mask = causal_mask(_tokens(3, 11, 30))
     cotangent = jax.random.normal(jax.random.key(2), (3, 11, 16))
 
     def loss(params, x, ours):

@@ -1,5 +1,6 @@
 """The transformer baseline: masking, sizing, the shared trainer and CLI, compute accounting."""
 
+import dataclasses
 import json
 import math
 
@@ -215,21 +216,27 @@ def test_greedy_generation_continues_the_prompt_as_a_whole_sequence_forward_does
 
 def test_the_key_value_cache_gives_the_whole_sequence_logits():
     """:func:`decode_step`, one position at a time, equals the whole-sequence forward at every
-    position (two documents in a row: attention stays inside each), with and without an output
-    bias; float32 on both sides, tolerance 1e-5."""
+    position (two documents in a row: attention stays inside each, or with ``across_documents``
+    sees the earlier one too), with and without an output bias; float32 on both sides, tolerance 1e-5."""
     from saffu.models.transformer import decode_cache, decode_step
     tokens = jnp.asarray([[EOD_ID, 5, 7, 9, EOD_ID, 3, 4, 8, 2, EOD_ID, 6],
                           [EOD_ID, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]], jnp.int32)
     step = jax.jit(decode_step, static_argnums=1)
-    for bias, block in ((True, "gpt"), (False, "gpt"), (True, "llama")):
+    for bias, block, across in ((True, "gpt", False), (False, "gpt", False), (True, "llama", False),
+                                (False, "llama", True), (True, "gpt", True)):
         config = TransformerConfig(50, width=16, layers=2, heads=2, context_tokens=4, max_len=16, output_bias=bias,
-                                   block=block)
+                                   block=block, across_documents=across)
         params = model_init(config, jax.random.key(0))
         cache, rows = decode_cache(config, 2), []
         for t in range(tokens.shape[1]):
             logits, cache = step(params, config, cache, tokens[:, t])
             rows.append(np.asarray(logits))
         np.testing.assert_allclose(np.stack(rows, 1), np.asarray(model_logits(config, params, tokens)), atol=1e-5)
+    # the second document of the first row sees the first only across documents
+    local = model_logits(dataclasses.replace(config, across_documents=False), params, tokens)
+    assert not np.allclose(np.asarray(local)[0, 4:], np.asarray(rows)[4:, 0], atol=1e-3)
+    np.testing.assert_allclose(np.asarray(local)[0, :4], np.stack(rows, 1)[0, :4], atol=1e-5)
+    config = dataclasses.replace(config, across_documents=False)
     # a cache that starts at position 3: the forward of the same tokens behind 3 unseen pads
     cache, rows = decode_cache(config, 2, start=3), []
     for t in range(tokens.shape[1] - 3):

@@ -7,12 +7,16 @@ A multiplier is ``measured`` only when the explicit run's loss lies inside the c
 cold compute that reaches it is interpolated between two cold budgets); outside it, it is a
 ``lower_bound`` (cold never got that low: its largest compute over the explicit run's) or an
 ``upper_bound`` (cold's smallest budget was already as good).
+
+A cold curve is one point per budget: the best run of each (:func:`best_per_budget`, a tuned
+start) or its seeds averaged (:func:`mean_curve`); :func:`saffu.eval.plots.plot_against_compute`
+draws such curves and the explicit runs against them.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 from saffu._io import SaffuError
@@ -224,3 +228,73 @@ def search(grid: Mapping[str, Sequence[float]], losses, extend: bool = True, rul
             if not extend and len(more) < len(wanted):
                 return Search(grid, None, probes, str(error))
             grid, probes = bigger, more
+
+
+def best_per_budget(rows: Iterable[Mapping], budget: str = "epochs", loss: str = "dev_bpb") -> dict:
+    """``{budget: row}``: the row of each budget with the lowest ``loss`` (the first of equals), the
+    budgets in the order they first appear in ``rows`` (a start's tuned point per budget)."""
+    best: dict = {}
+    for row in rows:
+        if row[budget] not in best or row[loss] < best[row[budget]][loss]:
+            best[row[budget]] = row
+    return best
+
+
+def mean_curve(rows: Sequence[Mapping], budget: str = "epochs", compute: str = "compute",
+               loss: str = "dev_bpb") -> list[tuple[float, float]]:
+    """``[(compute, loss), …]`` with one point per budget, budgets ascending: the mean ``compute``
+    and the mean ``loss`` of the rows of that budget (a cold curve with its seeds averaged)."""
+    curve = []
+    for value in sorted({row[budget] for row in rows}):
+        group = [row for row in rows if row[budget] == value]
+        curve.append((sum(r[compute] for r in group) / len(group), sum(r[loss] for r in group) / len(group)))
+    return curve
+
+
+
+def rate_search(chosen: Mapping[str, float], losses, extend: bool = True, max_values: int = 6) -> Search:
+    """A longer budget's search, the tuning protocol's second phase: ``chosen``'s learning rate
+    (the grid's choice) and its ½× and 2× neighbours, grown by factors of two past an edge the best
+    sits at (:data:`GROW_BY_TWO`, at most ``max_values`` rates), ``chosen``'s other values fixed.
+
+    ``losses`` and ``extend`` are :func:`search`'s; ``losses`` is given whole combinations
+    (``chosen`` with each rate). The :class:`Search` has the rates searched as its grid
+    (``{"learning_rate": rates}``), the chosen combination whole and whole combinations as probes."""
+    rates = sorted({round(chosen["learning_rate"] * f, 12) for f in (0.5, 1.0, 2.0)})
+    found = search({"learning_rate": rates}, lambda combos: losses([{**chosen, **c} for c in combos]), extend=extend,
+                   rules=GROW_BY_TWO, max_values=max_values)
+    return found._replace(chosen={**chosen, **found.chosen} if found.chosen else None)
+
+
+def tuned_race(runs: Mapping[str, Sequence[Mapping]], cold_of: Mapping[str, str],
+               compute: Callable[[Mapping], float], budget: str = "epochs", loss: str = "dev_bpb") -> dict:
+    """The race of tuned starts: each start's best run of each budget of a whole epoch or more
+    (:func:`best_per_budget`), and each explicit start's multiplier at each of its budgets against
+    its cold start's curve of those runs (:func:`multiplier`).
+
+    Args:
+      runs: ``{start: [row, …]}``, each row with its ``name``, ``budget`` (epochs), ``loss``, its
+        ``dev_loss`` and ``train_loss`` (nats) and what ``compute`` reads.
+      cold_of: ``{explicit start: the cold start it races}``.
+      compute: a row's compute, FLOPs with its solve (:func:`compute_with_solve`).
+
+    Returns ``{explicit start: [race row, …]}``, budgets ascending, each race row holding
+    ``budget``, ``name``, ``loss``, ``compute``, ``multiplier``, ``multiplier_kind``,
+    ``cold_compute``, ``cold``, ``cold_curve`` (``[(compute, loss), …]``) and both runs' train–dev
+    gaps ``gap_nats`` and ``cold_gap_nats`` (``None`` where cold has no run of the budget). A
+    start without a run of an epoch or more, or whose cold start has none, is left out."""
+    best = {start: best_per_budget((r for r in rows if r[budget] >= 1), budget, loss) for start, rows in runs.items()}
+    out: dict = {}
+    for start, cold in cold_of.items():
+        if not best.get(start) or not best.get(cold):
+            continue
+        curve = sorted((compute(r), r[loss]) for r in best[cold].values())
+        for epochs, r in sorted(best[start].items()):
+            m = multiplier(curve, r[loss], compute(r))
+            other = best[cold].get(epochs)
+            out.setdefault(start, []).append({
+                budget: epochs, "name": r["name"], loss: r[loss], "compute": compute(r), "multiplier": m.value,
+                "multiplier_kind": m.kind, "cold_compute": m.cold_compute, "cold": cold, "cold_curve": curve,
+                "gap_nats": r["dev_loss"] - r["train_loss"],
+                "cold_gap_nats": None if other is None else other["dev_loss"] - other["train_loss"]})
+    return out

@@ -38,11 +38,10 @@ import numpy as np
 from saffu._io import SaffuError
 from saffu.interop.pieces import ExplicitPieces
 from saffu.interop.tokens import TokenSource, solve_pieces
+from saffu.models import penzai
 
 Selector = str | Sequence[Any] | Callable[[Any], Any]
 
-#: Closed-form choices for one matrix that is both the token embedding and the output kernel.
-TIED_CHOICES = ("embedding", "output", "mean")
 
 
 def path_name(path) -> str:
@@ -112,15 +111,8 @@ def _oriented(piece: np.ndarray, shape: tuple, vocab: int, role: str, layout: st
 def tied_matrix(pieces: ExplicitPieces, choice: str = "mean") -> np.ndarray:
     """One ``float32[V, r]`` matrix for a model whose embedding is also its output kernel:
     ``"embedding"`` (``E_0``), ``"output"`` (``Bᵀ``) or ``"mean"`` (the two at equal
-    root-mean-square, averaged)."""
-    if choice not in TIED_CHOICES:
-        raise SaffuError(f"unknown tied choice {choice!r}; choose from {', '.join(TIED_CHOICES)}")
-    E, B = np.asarray(pieces.embedding, np.float64), np.asarray(pieces.output, np.float64).T
-    if choice == "embedding":
-        return E.astype(np.float32)
-    if choice == "output":
-        return B.astype(np.float32)
-    return (0.5 * (E / _rms(E) + B / _rms(B))).astype(np.float32)
+    root-mean-square, averaged); :func:`saffu.models.penzai.tied_matrix` of the pieces."""
+    return penzai.tied_matrix(pieces.embedding, pieces.output, choice)
 
 
 def best_rank(pieces: ExplicitPieces, rank: int) -> tuple[np.ndarray, np.ndarray]:

@@ -4,8 +4,8 @@ and the losses written against it.
 A model is its config (:mod:`saffu.configs`: :class:`~saffu.configs.SaffuConfig`,
 :class:`~saffu.configs.TransformerConfig`, :class:`~saffu.configs.ExactConfig`,
 :class:`~saffu.configs.FactorisedConfig`, :class:`~saffu.configs.ResidualConfig`,
-:class:`~saffu.configs.BigramConfig`), a frozen dataclass of plain data — hashable, so it is a
-static jit argument — naming its ``kind`` and giving
+:class:`~saffu.configs.BigramConfig`, :class:`~saffu.configs.PenzaiConfig`), a frozen dataclass
+of plain data — hashable, so it is a static jit argument — naming its ``kind`` and giving
 
 * ``context``: tokens of left context a prediction may read;
 * ``forward_flops(seq_len) -> float``: analytic forward FLOPs per predicted token;
@@ -36,7 +36,7 @@ import numpy as np
 
 from saffu._io import SaffuError
 from saffu.configs import Params, ResidualConfig
-from saffu.models import bigram, exact, factorised, residual, transformer
+from saffu.models import bigram, exact, factorised, penzai, residual, transformer
 from saffu.models import saffu as saffu_model
 from saffu.models.kinds import ModelKind
 
@@ -80,7 +80,7 @@ RESIDUAL = ModelKind(
 
 #: Every model kind by name: each registered next to its code (``KIND`` in its module), and the residual.
 KINDS = {kind.name: kind for kind in (saffu_model.KIND, transformer.KIND, exact.KIND, factorised.KIND,
-                                      bigram.KIND, RESIDUAL)}
+                                      bigram.KIND, penzai.KIND, RESIDUAL)}
 
 
 def kind_of(config) -> ModelKind:
@@ -161,8 +161,10 @@ def positional(config) -> bool:
     """Whether the model reads absolute positions that :func:`target_logits` can be given (the
     transformer, or a residual over one): its predictions change when a document moves inside
     the window unless each token's ``positions`` are passed. False for every other kind (a model
-    that brings its own logits included: it takes no positions)."""
-    return traits(config).positional
+    that brings its own logits included: it takes no positions), and for a transformer that
+    attends across documents (``across_documents``: its earlier documents are context, so a
+    document is scored from where it sits in the window, as it was trained)."""
+    return traits(config).positional and not getattr(base_of(config), "across_documents", False)
 
 
 def _explicit_target_logits(params: Params, config, windows: jax.Array, context: int,

@@ -1,6 +1,7 @@
 """What a model kind is: the record each model module registers next to its own code
 (``KIND`` in :mod:`saffu.models.saffu`, :mod:`~saffu.models.transformer`,
-:mod:`~saffu.models.exact`, :mod:`~saffu.models.factorised`, :mod:`~saffu.models.bigram`),
+:mod:`~saffu.models.exact`, :mod:`~saffu.models.factorised`, :mod:`~saffu.models.bigram`,
+:mod:`~saffu.models.penzai`),
 collected by :mod:`saffu.models.interface`, which adds the residual and models that bring their
 own code. The rest of saffu asks a config's record (:func:`saffu.models.interface.kind_of`)
 what the model does, rather than comparing its ``kind`` string.
@@ -51,8 +52,11 @@ class ModelKind:
       attends: ``config -> bool``, whether a model of this config has attention to profile.
       solve_command: the command that saves its explicit solution in a run
         (``"saffu fit"``); ``None`` for a kind whose runs keep none.
-      explicit_from_factors: an explicit start is its random init with pieces from the
-        explicit low-rank factors (the transformer), not a saved solution.
+      explicit_init: ``(config, key, factors, start) -> params``: an explicit start is its
+        random init from ``key`` with pieces (``start.explicit_pieces`` of a
+        :class:`saffu.configs.StartConfig`) from the explicit low-rank factors of rank
+        ``config.width`` (``None`` when it takes none): the transformer, penzai's models;
+        ``None``: an explicit start is a saved solution.
       exact_tables: ``config -> bool``, whether it holds exact token-resolution tables, whose
         sizes come from the data (no random init; far smaller on disk than in memory).
       drop_guide: ``(params, config) -> (config, params)`` without a self-guided run's dense guide.
@@ -75,7 +79,7 @@ class ModelKind:
     attends_by: str | None = None
     attends: Callable = _never
     solve_command: str | None = None
-    explicit_from_factors: bool = False
+    explicit_init: Callable | None = None
     exact_tables: Callable = _never
     drop_guide: Callable | None = None
 

@@ -9,7 +9,9 @@ what ``model_init`` and ``model_logits`` call for ``kind="transformer"``.
 
 Attention is causal and never crosses an ``<eod>``: position ``p`` sees ``q ≤ p`` iff no
 ``<eod>`` lies in ``(q, p]`` (as the SAFFU windows do), so a window that starts inside an
-earlier document, or ``<pad>`` before a document, is invisible.
+earlier document, or ``<pad>`` before a document, is invisible; with
+``TransformerConfig.across_documents`` the mask is plainly causal, and the earlier documents of a
+window (BabyLM's documents are lines) are context too.
 """
 
 from __future__ import annotations
@@ -250,7 +252,7 @@ class Transformer(nnx.Module):
         else:
             table = self.positions[...]
             x = x + (table[None, :length] if positions is None else table[positions])
-        mask = document_causal_mask(tokens)
+        mask = causal_mask(tokens, self.config.across_documents)
         if dropout is not None:
             x = dropout.at(0).apply(x, 0)
         for index, block in enumerate(self.blocks):
@@ -258,12 +260,15 @@ class Transformer(nnx.Module):
         return self.final_norm(x[:, predict_from:])
 
 
-def document_causal_mask(tokens: jax.Array) -> jax.Array:
-    """``bool[B, 1, S, S]``: query ``p`` sees key ``q`` iff ``q ≤ p`` and no ``<eod>`` lies in ``(q, p]``."""
+def causal_mask(tokens: jax.Array, across_documents: bool = False) -> jax.Array:
+    """``bool[B, 1, S, S]``: query ``p`` sees key ``q`` iff ``q ≤ p`` and (unless
+    ``across_documents``) no ``<eod>`` lies in ``(q, p]``."""
+    causal = jnp.tril(jnp.ones((tokens.shape[1],) * 2, bool))[None]
+    if across_documents:
+        return jnp.broadcast_to(causal, (tokens.shape[0], *causal.shape[1:]))[:, None]
     boundaries = jnp.cumsum(tokens == EOD_ID, axis=1)                                  # [B, S]
     same = boundaries[:, :, None] == boundaries[:, None, :]
-    causal = jnp.tril(jnp.ones((tokens.shape[1],) * 2, bool))
-    return (same & causal[None])[:, None]
+    return (same & causal)[:, None]
 
 
 @functools.lru_cache(maxsize=16)
@@ -356,7 +361,7 @@ def parameter_count_of(config: TransformerConfig) -> int:
     return int(sum(math.prod(x.shape) for x in jax.tree.leaves(shapes)))
 
 
-def explicit_transformer_init(config: TransformerConfig, key: jax.Array, factors: Params,
+def explicit_transformer_init(config: TransformerConfig, key: jax.Array, factors: Params | None,
                               pieces: tuple[str, ...] = EXPLICIT_PIECES, embedding_rms: float | None = None,
                               output_rms: float | None = None) -> Params:
     """Random init (:func:`transformer_init` with ``key``) with ``pieces`` taken from the
@@ -373,24 +378,30 @@ def explicit_transformer_init(config: TransformerConfig, key: jax.Array, factors
     * ``"output"``: the output kernel is ``B``, rescaled to the random kernel's root-mean-square,
       or to ``output_rms`` where given.
 
+    No pieces: the random init with its embeddings rescaled to ``embedding_rms`` (the scale
+    ablation; ``factors`` may be ``None``).
+
     Rescaling keeps the initialiser's variance (pretrained vectors help from scratch only at
     that scale); the blocks stay random. The parameter tree and every shape are those of random init.
     """
     unknown = set(pieces) - set(EXPLICIT_PIECES)
     if unknown:
         raise SaffuError(f"unknown explicit-init pieces {sorted(unknown)}; choose from {', '.join(EXPLICIT_PIECES)}")
-    E, B = factors["embeddings"][0], factors["output_weights"]
-    if E.shape != (config.vocab_size, config.width) or B.shape != (config.width, config.vocab_size):
-        raise SaffuError(f"explicit factors of shape {tuple(E.shape)} / {tuple(B.shape)} do not fit a transformer of "
-                         f"width {config.width} and {config.vocab_size:,} tokens; solve them at rank {config.width}")
     if any(value is not None and not value > 0 for value in (embedding_rms, output_rms)):
         raise SaffuError(f"the explicit embeddings' and output's RMS must be > 0, not {embedding_rms}, {output_rms}")
     params = transformer_init(config, key)
     rms = lambda x: jnp.sqrt(jnp.mean(jnp.square(x)))
+    random = params["embed"]["embedding"]
+    if not pieces:                  # the scale ablation: the random embeddings at embedding_rms
+        params["embed"]["embedding"] = random * (rms(random) if embedding_rms is None else embedding_rms) / rms(random)
+        return params
+    E, B = factors["embeddings"][0], factors["output_weights"]
+    if E.shape != (config.vocab_size, config.width) or B.shape != (config.width, config.vocab_size):
+        raise SaffuError(f"explicit factors of shape {tuple(E.shape)} / {tuple(B.shape)} do not fit a transformer of "
+                         f"width {config.width} and {config.vocab_size:,} tokens; solve them at rank {config.width}")
     if "bias" in pieces and config.output_bias:
         params["output"]["bias"] = jnp.asarray(factors["output_bias"], jnp.float32)
     if "embeddings" in pieces:
-        random = params["embed"]["embedding"]
         scale = rms(random) if embedding_rms is None else embedding_rms
         params["embed"]["embedding"] = (E * (scale / rms(E))).astype(random.dtype)
     if "output" in pieces:
@@ -469,12 +480,12 @@ def _rms_norm(p: Params, x: jax.Array, epsilon: float = 1e-6) -> jax.Array:
 def decode_cache(config: TransformerConfig, batch: int, start: int = 0) -> Params:
     """An empty key/value cache of ``batch`` sequences of up to ``config.max_len`` tokens:
     ``keys``, ``values`` ``float32[L, B, max_len, H, d/H]``, ``documents int32[B, max_len]`` (the
-    document index of each cached position: ``<eod>``s up to it), ``document int32[B]`` (the
+    document index of each cached position: ``<eod>``s up to it; ``-1`` where nothing is cached), ``document int32[B]`` (the
     current one) and ``length int32[]`` (the next position: ``start``, the first token's position;
     the positions before it hold nothing a token can see)."""
     shape = (config.layers, batch, config.max_len, config.heads, config.width // config.heads)
     return {"keys": jnp.zeros(shape, jnp.float32), "values": jnp.zeros(shape, jnp.float32),
-            "documents": jnp.zeros((batch, config.max_len), jnp.int32), "document": jnp.zeros((batch,), jnp.int32),
+            "documents": jnp.full((batch, config.max_len), -1, jnp.int32), "document": jnp.zeros((batch,), jnp.int32),
             "length": jnp.asarray(start, jnp.int32)}
 
 
@@ -482,14 +493,15 @@ def decode_step(params: Params, config: TransformerConfig, cache: Params, tokens
     """One position of every sequence with the key/value cache: ``tokens int32[B]`` at position
     ``cache["length"]`` -> (next-token logits ``float32[B, V]``, the cache with it added). The
     logits equal :func:`transformer_logits`' at that position of the whole sequence (attention
-    causal and inside the token's document), at the cost of one position instead of all of them.
+    causal and inside the token's document unless ``across_documents``), at the cost of one position instead of all of them.
     A dense MLP only (a structured or self-guided one: :func:`transformer_logits`)."""
     if config.ffn != "dense" or config.guide_share:
         raise SaffuError("the key/value cache decodes a dense transformer; a structured MLP samples by whole windows")
     position = cache["length"]
     document = cache["document"] + (tokens == EOD_ID).astype(jnp.int32)                    # [B]
     documents = cache["documents"].at[:, position].set(document)
-    visible = (jnp.arange(config.max_len)[None] <= position) & (documents == document[:, None])   # [B, T]
+    seen = (documents >= 0) if config.across_documents else (documents == document[:, None])
+    visible = (jnp.arange(config.max_len)[None] <= position) & seen                                # [B, T]
     llama = config.block == "llama"
     norm = _rms_norm if llama else _layer_norm
     bias = lambda layer: layer["bias"][None] if "bias" in layer else 0.0
@@ -561,4 +573,6 @@ KIND = ModelKind(
     from_fields=lambda fields: TransformerConfig(**{"block": "gpt", "output_bias": True, **fields}),
     target_logits=transformer_target_logits, fused_loss=transformer_loss, zero_output=zero_output,
     positional=True, depth="layers", attention=transformer_attention, attends_by="keys",
-    attends=lambda config: True, explicit_from_factors=True, drop_guide=drop_guide)
+    attends=lambda config: True, drop_guide=drop_guide,
+    explicit_init=lambda config, key, factors, start: explicit_transformer_init(
+        config, key, factors, tuple(start.explicit_pieces), start.explicit_embedding_rms, start.explicit_output_rms))

@@ -7,8 +7,8 @@ from solved pieces, trained and kept.
   residual (:class:`saffu.configs.ResidualConfig` with ``folds``).
 * :func:`residual_start` — a residual model's config and its step-0 parameters over an exact
   run (cross-fitted or not); :func:`residual_run` — the same as a run directory (new or resumed).
-* :func:`explicit_transformer_start` — a transformer's random init with pieces from explicit
-  low-rank factors.
+* :func:`explicit_start` — a transformer's or a penzai model's random init with pieces from
+  explicit low-rank factors.
 * :func:`inherit` / :func:`grow` — Inheritune: the first blocks of a trained reference, and a
   trained stack grown block by block (by the reference's next blocks, or SAFFU blocks solved).
 * :func:`structured_from` — a structured-MLP transformer from a trained dense one.
@@ -29,7 +29,6 @@ import jax
 
 from saffu._io import SaffuError, release_free_memory, tree_fingerprint
 from saffu.configs import (
-    EXPLICIT_PIECES,
     FOLD_BLOCKS,
     ExactConfig,
     FactorConfig,
@@ -235,21 +234,24 @@ def residual_run(workdir: WorkDir, run: str | Path, key: jax.Array, base=None, e
     return config, params
 
 
-def explicit_transformer_start(workdir: WorkDir, config, key: jax.Array, pieces: tuple[str, ...] = EXPLICIT_PIECES,
-                               solver: FactorConfig = FactorConfig(), progress: bool = False,
-                               embedding_rms: float | None = None,
-                               output_rms: float | None = None) -> tuple[Params, float, dict]:
-    """A transformer ``config``'s random init (from ``key``) with ``pieces`` from the explicit
-    low-rank factors of rank ``config.width`` solved from ``workdir``
-    (:func:`saffu.models.transformer.explicit_transformer_init`; ``embedding_rms`` and
-    ``output_rms``: the embeddings' and the output kernel's scale, default the random init's).
-    Returns ``(params, seconds of the solve and init, the factor solve's report)``."""
-    from saffu.models.transformer import explicit_transformer_init
+def explicit_start(workdir: WorkDir, config, key: jax.Array, start: StartConfig = StartConfig(init="explicit"),
+                   solver: FactorConfig = FactorConfig(), progress: bool = False) -> tuple[Params, float, dict]:
+    """The explicit start of a model whose kind builds one from the explicit low-rank factors
+    (its record's ``explicit_init``: the transformer,
+    :func:`saffu.models.transformer.explicit_transformer_init`; a penzai model,
+    :func:`saffu.models.penzai.explicit_penzai_init`): its random init (from ``key``) with
+    ``start.explicit_pieces`` from the factors of rank ``config.width`` solved from ``workdir``
+    (none solved when it takes no piece), at ``start``'s scales (``explicit_embedding_rms``,
+    ``explicit_output_rms``; a tied matrix's ``explicit_tied``). Returns ``(params, seconds of
+    the solve and init, the factor solve's report)``."""
     from saffu.solve.factors import solve_factorised
+    kind = kind_of(config)
+    if kind.explicit_init is None:
+        raise SaffuError(f"a {kind.name} model's explicit start is its saved solution, not the explicit factors")
     tick = time.perf_counter()
-    factors, report = solve_factorised(workdir, FactorisedConfig(workdir.vocab_size, rank=config.width, positions=1),
-                                       solver, progress=progress)
-    params = explicit_transformer_init(config, key, factors, tuple(pieces), embedding_rms, output_rms)
+    factors, report = (solve_factorised(workdir, FactorisedConfig(workdir.vocab_size, rank=config.width, positions=1),
+                                        solver, progress=progress) if start.explicit_pieces else (None, {}))
+    params = kind.explicit_init(config, key, factors, start)
     return params, time.perf_counter() - tick, report
 
 
@@ -389,8 +391,8 @@ def start_training(workdir: WorkDir, run: str | Path, start: StartConfig, key: j
     ``workdir`` as ``start`` says: a residual over an exact run (:func:`residual_run`, with
     ``residual``'s ``scale`` / ``anneal_share`` / ``folds``), inherited blocks (:func:`inherit`,
     :func:`grow`; ``start.inherit_layers`` may be the number of blocks before the reference's
-    first lazy layer), an explicit start (a transformer: :func:`explicit_transformer_start`; any
-    other model: ``run``'s explicit solution) or a random one (with ``start.ffn_from``:
+    first lazy layer), an explicit start (a transformer or a penzai model: :func:`explicit_start`;
+    any other model: ``run``'s explicit solution) or a random one (with ``start.ffn_from``:
     :func:`structured_from`). ``new_model()`` gives the model config of a new run (an existing
     run keeps its own); the run's config is written (or checked)."""
     config, params, seconds = _start(workdir, Path(run), start, key, new_model, residual, factors, progress, announce)
@@ -416,10 +418,9 @@ def _start(workdir, run, start, key, new_model, residual, factors, progress, ann
         config, params = _inherited(workdir, start, progress, announce)
         start_run(run, config, workdir)
         return config, params, 0.0
-    if start.init == "explicit" and kind is not None and kind.explicit_from_factors:
+    if start.init == "explicit" and kind is not None and kind.explicit_init is not None:
         config = model()
-        params, seconds, _ = explicit_transformer_start(workdir, config, key, start.explicit_pieces, factors, progress,
-                                                        start.explicit_embedding_rms, start.explicit_output_rms)
+        params, seconds, _ = explicit_start(workdir, config, key, start, factors, progress)
         start_run(run, config, workdir)
         return config, params, seconds
     config = check_inputs(run, workdir, streams=True) if start.init == "explicit" else model()
