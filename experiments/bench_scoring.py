@@ -52,6 +52,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from saffu._io import SaffuError, atomic_write_json
+from saffu.engine.accounting import peak_rss_mb
 from saffu.eval import bench
 from saffu.flags import flags_of, script_options
 from saffu.runner import exact_run, write_result
@@ -163,7 +164,7 @@ def measure_train(kind: str, args) -> dict:
     times = bench.interleave({kind: stepper.step}, args.train_steps + 2)[0][kind]
     seconds = statistics.median(times[2:])
     return {"train_step_s": seconds, "train_tokens_per_s": stepper.tokens_per_step / seconds,
-            "train_compile_s": times[0], "train_peak_rss_mb": bench.peak_rss_mb()}
+            "train_compile_s": times[0], "train_peak_rss_mb": peak_rss_mb()}
 
 
 def measure_alternate(kind: str, args) -> dict:
@@ -226,7 +227,7 @@ def measure_score(kind: str, args, before: bool = False) -> dict:
     first_s = bench.timed(run, args.eval_tokens)[0]             # the first run compiles every window shape
     seconds, (loss, count) = bench.timed(run, args.eval_tokens)
     return {f"{name}_tokens": count, f"{name}_seconds": seconds, f"{name}_tokens_per_s": count / seconds,
-            f"{name}_loss": loss, f"{name}_first_seconds": first_s, f"{name}_peak_rss_mb": bench.peak_rss_mb()}
+            f"{name}_loss": loss, f"{name}_first_seconds": first_s, f"{name}_peak_rss_mb": peak_rss_mb()}
 
 
 def measure_blimp(kind: str, args, before: bool = False) -> dict:
@@ -262,7 +263,7 @@ def measure_blimp(kind: str, args, before: bool = False) -> dict:
     accuracy = blimp.blimp_accuracy(pairs, scores[:len(pairs)], scores[len(pairs):])["blimp_accuracy"]
     return {f"{name}_seconds": seconds, f"{name}_pairs": len(pairs), f"{name}_files": len(files),
             f"{name}_tokens": tokens, f"{name}_tokens_per_s": tokens / seconds, f"{name}_accuracy": accuracy,
-            f"{name}_compile_s": compile_s, f"{name}_peak_rss_mb": bench.peak_rss_mb(),
+            f"{name}_compile_s": compile_s, f"{name}_peak_rss_mb": peak_rss_mb(),
             f"{name}_log_prob_sum": float(scores.sum())}
 
 

@@ -15,7 +15,6 @@ import glob
 import json
 import os
 import re
-import resource
 import statistics
 import subprocess
 import sys
@@ -61,11 +60,6 @@ def run_pinned(commands: Sequence[Sequence[str]], cores: Sequence[str | None], c
     if not lines:
         raise RuntimeError(f"{' '.join(done[0][0].args)} reported no figures:\n{done[0][2][-4000:]}")
     return json.loads(lines[-1].removeprefix(RESULT_PREFIX))
-
-
-def peak_rss_mb() -> float:
-    """This process's peak resident memory so far, in MB (``ru_maxrss``: KiB on Linux)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def median_seconds(fn: Callable, *args, repeats: int) -> float:

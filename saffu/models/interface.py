@@ -164,7 +164,7 @@ def positional(config) -> bool:
     that brings its own logits included: it takes no positions), and for a transformer that
     attends across documents (``across_documents``: its earlier documents are context, so a
     document is scored from where it sits in the window, as it was trained)."""
-    return traits(config).positional and not getattr(base_of(config), "across_documents", False)
+    return traits(config).positional(base_of(config))
 
 
 def _explicit_target_logits(params: Params, config, windows: jax.Array, context: int,

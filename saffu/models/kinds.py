@@ -38,8 +38,8 @@ class ModelKind:
         without ``B × T × V`` logits; a kind with one also takes residual dropout.
       zero_output: ``params -> params`` with the layer that produces the logits at zero (a
         residual's trainable part starts so); ``None``: cannot be a residual's base.
-      positional: reads absolute positions (its predictions move when a document moves inside
-        the window).
+      positional: ``config -> bool``, whether it reads absolute positions (its predictions move
+        when a document moves inside the window).
       document_local: its prediction reads only the document's own tokens and their offsets,
         never where the document sits in the window (BLiMP may pack sentences into one row).
       radius: reads ``config.radius`` rows of context, which a work directory must hold.
@@ -70,7 +70,7 @@ class ModelKind:
     target_logits: Callable | None = None
     fused_loss: Callable | None = None
     zero_output: Callable | None = None
-    positional: bool = False
+    positional: Callable = _never
     document_local: bool = False
     radius: bool = False
     depth: str | None = None

@@ -572,7 +572,8 @@ KIND = ModelKind(
     # runs saved before the llama block became the default are gpt blocks with a bias
     from_fields=lambda fields: TransformerConfig(**{"block": "gpt", "output_bias": True, **fields}),
     target_logits=transformer_target_logits, fused_loss=transformer_loss, zero_output=zero_output,
-    positional=True, depth="layers", attention=transformer_attention, attends_by="keys",
-    attends=lambda config: True, drop_guide=drop_guide,
+    # across documents, a document's earlier documents are context: it is scored where it sits
+    positional=lambda config: not config.across_documents, depth="layers", attention=transformer_attention,
+    attends_by="keys", attends=lambda config: True, drop_guide=drop_guide,
     explicit_init=lambda config, key, factors, start: explicit_transformer_init(
         config, key, factors, tuple(start.explicit_pieces), start.explicit_embedding_rms, start.explicit_output_rms))
