@@ -37,13 +37,12 @@ import dataclasses
 import json
 import math
 import re
-import sys
 from pathlib import Path
 
 from saffu._io import SaffuError, write_metrics
 from saffu.configs import PenzaiConfig, TrainConfig
 from saffu.eval.race import steps_to_reach
-from saffu.flags import script_options
+from saffu.flags import script_main, script_options
 from saffu.runner import gather_one, history, steps_per_epoch, sweep, write_result
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
@@ -99,19 +98,15 @@ def spec_of(name: str, init: str, args, epoch: int) -> tuple[str, dict]:
 def row_of(folder: Path) -> dict | None:
     """A finished run folder's row: :func:`saffu.runner.gather_one`'s, with ``model``,
     ``variant``, ``init``, ``seed``, ``epochs`` (``None`` for a run of ``--steps``),
-    ``solve_seconds`` and its periodic evaluations ``history``; a run of this script from before
-    its runs were specs (no ``spec.json``) as its ``result.json`` holds it; ``None`` for another folder."""
-    result = json.loads((folder / "result.json").read_text())
-    if not (folder / "spec.json").exists():
-        return result if result.get("model") in MODELS and "variant" in result else None
+    ``solve_seconds`` and its periodic evaluations ``history``; ``None`` for another folder."""
     match = NAME.fullmatch(folder.name)
-    if match is None:
+    if match is None or not (folder / "spec.json").exists():
         return None
-    variant = match["variant"]
-    return {**gather_one(folder), "model": match["model"], "variant": variant, "seed": int(match["seed"]),
+    variant, row = match["variant"], gather_one(folder)
+    return {**row, "model": match["model"], "variant": variant, "seed": int(match["seed"]),
             "init": variant if variant.startswith("random") else "explicit", "history": history(folder),
             "epochs": int(match["count"]) if match["budget"] == "e" else None,
-            "solve_seconds": result.get("solve_seconds", 0.0)}
+            "solve_seconds": row.get("solve_seconds", 0.0)}
 
 
 def summarise(results: list[dict]) -> dict:
@@ -221,4 +216,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    script_main(main)

@@ -54,7 +54,7 @@ import numpy as np
 from saffu._io import SaffuError, atomic_write_json
 from saffu.engine.accounting import peak_rss_mb
 from saffu.eval import bench
-from saffu.flags import flags_of, script_options
+from saffu.flags import flags_of, script_main, script_options
 from saffu.runner import exact_run, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -403,4 +403,4 @@ def print_table(figures: dict, args) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    script_main(main)

@@ -41,7 +41,7 @@ from saffu._io import write_metrics
 from saffu.data.tokenizer import EOD_ID, PAD_ID
 from saffu.engine.accumulators import _compiled_step
 from saffu.eval import bench
-from saffu.flags import script_options
+from saffu.flags import script_main, script_options
 from saffu.runner import write_result
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -240,4 +240,4 @@ def cli() -> None:
 
 
 if __name__ == "__main__":
-    cli()
+    script_main(cli)

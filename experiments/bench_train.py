@@ -28,7 +28,6 @@ import functools
 import importlib.util
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -430,4 +429,5 @@ def _figures(args, spec: dict, runs: dict, profile: list[dict]) -> dict:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from saffu.flags import script_main  # here: a variant's process imports its own saffu
+    script_main(main)

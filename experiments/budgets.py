@@ -54,8 +54,7 @@ from saffu._io import SaffuError
 from saffu.data.workdir import open_workdir
 from saffu.eval import race
 from saffu.eval.plots import Series, plot_against_compute
-from saffu.eval.race import compute_with_solve
-from saffu.flags import script_options
+from saffu.flags import script_main, script_options
 from saffu.runner import final_figures, history, joined, recorded, steps_per_epoch, sweep, write_result
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
@@ -80,7 +79,7 @@ EXPLICIT = ("explicit-init", "residual", "residual-crossfit", "residual-crossfit
 #: tables it trains on are to the whole split's it is scored with). The K = 4 and 8 starts run at
 #: the rate the probe chose for K = 2.
 CROSSFIT_FOLDS = {"residual-crossfit": 2, "residual-crossfit-k4": 4, "residual-crossfit-k8": 8}
-#: Starts of another architecture: ``{start: (any_model's model, its init)}``, width 128 only.
+#: Starts of another architecture: ``{start: (any_model's model, its init)}``, its own cold start the random one.
 MODEL_STARTS = {"llama-random": ("llama", "random"), "llama-explicit": ("llama", "explicit")}
 #: What each architecture of the sweep is, as the results page names it.
 ARCHITECTURE_NAMES = {"saffu": "the project's transformer", "llama": "penzai's Llama-like transformer"}
@@ -122,22 +121,25 @@ QUICK = {"model": {"layers": 1, "heads": 2, "context_tokens": 8}, "train": {"seq
 
 def spec_of(start: str, epochs: int, width: int, seed: int, rate: float, workdir: Path, exact: Path,
             quick: bool = False) -> dict:
-    """The run spec (:mod:`saffu.runner`) of a start of the project's transformer: ``epochs``
-    of ``workdir``'s training split at 16 × 256 targets a step, its dev loss on 128 dev windows
-    every 50 steps, scored on the whole dev split; a residual over the exact run ``exact``
-    (``quick``: :data:`QUICK`'s settings over these)."""
-    start_section, options = {"init": "explicit" if start.startswith("explicit") else "random",
-                              "model": "transformer"}, {}
+    """The run spec (:mod:`saffu.runner`) of a start: ``epochs`` of ``workdir``'s training split
+    at 16 × 256 targets a step, its dev loss on 128 dev windows every 50 steps, scored on the whole
+    dev split; a residual over the exact run ``exact``; a start of :data:`MODEL_STARTS` is
+    :mod:`any_model`'s model and start (``quick``: :data:`QUICK`'s settings over these)."""
+    model = any_model.model_section(MODEL_STARTS[start][0]) if start in MODEL_STARTS else \
+        {"kind": "transformer", "block": "gpt", "output_bias": True}
+    init = MODEL_STARTS.get(start, ("", "explicit" if start.startswith("explicit") else "random"))[1]
+    start_section, options = {"init": init, "model": model["kind"]}, {}
     if start == "explicit-init-rms1":
         start_section["explicit_embedding_rms"] = 1.0
+    if start in MODEL_STARTS and init == "explicit":     # any_model's: the embeddings (at RMS 1) and output kernel
+        start_section.update(explicit_pieces=["embeddings", "output"], explicit_embedding_rms=any_model.EMBEDDING_RMS)
     if start.startswith("residual"):
         start_section["residual"] = str(Path(exact).resolve())
         options = {"residual_scale": "fixed", "cross_fit": CROSSFIT_FOLDS.get(start, 0)}
     small = QUICK if quick else {}
     train = {"seq_len": 256, "batch_size": 16, **small.get("train", {})}
     return {"start": start_section, "options": {**options, **small.get("options", {})}, "eval": {"eval_tokens": 0},
-            "model": {"kind": "transformer", "block": "gpt", "output_bias": True, "width": width, "layers": 5,
-                      **small.get("model", {})},
+            "model": {**model, "width": width, "layers": 5, **small.get("model", {})},
             "train": {**train, "steps": epochs * steps_per_epoch(workdir, train["seq_len"] * train["batch_size"]),
                       "learning_rate": rate, "seed": seed, "eval_every": 50, "eval_windows": 128,
                       "checkpoint_every": 200}}
@@ -177,7 +179,7 @@ def share_of_steps_to_cold(row: dict, rows: list[dict]) -> tuple[float | None, s
 
 
 DERIVED = ("cold_compute_to_match", "multiplier", "multiplier_is", "multiplier_text", "share_of_steps_to_cold",
-           "at_probed_rate")
+           "steps_to_cold_text", "at_probed_rate")
 
 
 def key(row: dict) -> tuple:
@@ -192,32 +194,25 @@ def recorded_rows() -> list[dict]:
 
 
 def _row(folder: Path, out: Path) -> dict | None:
-    """The row of a finished run folder of the sweep under ``out``: a run of :func:`spec_of` (its
-    settings from its name, its vocabulary from its config) or one of :mod:`any_model`'s Llama-like
-    starts, with its figures (:func:`saffu.runner.final_figures`), compute, periodic dev curve and
-    the command that reproduces it; ``None`` for any other folder."""
+    """The row of a finished run folder of the sweep under ``out`` (a run of :func:`spec_of`): its
+    settings from its name, its vocabulary from its config, its figures
+    (:func:`saffu.runner.final_figures`), compute, periodic dev curve and the command that
+    reproduces it; ``None`` for any other folder."""
     r = json.loads((folder / "result.json").read_text())
     match = NAME.fullmatch(folder.name)
-    if (folder / "spec.json").exists() and match and match["start"] in STARTS:
-        config = json.loads((folder / "config.json").read_text())
-        row = {"start": match["start"], "epochs": int(match["epochs"]), "width": int(match["width"]),
-               "seed": int(match["seed"]), "learning_rate": float(match["rate"]),
-               "trained_params": r.get("trained_params", r["params"]),     # a residual's vocabulary: its base's
-               "vocab_size": config["model"].get("vocab_size") or config["model"]["base"]["vocab_size"]}
-        records, workdir = history(folder), config["workdir"]
-    elif f"{r.get('model')}-{r.get('variant')}" in MODEL_STARTS and r.get("epochs"):
-        row = {"start": f"{r['model']}-{r['variant']}", "epochs": r["epochs"], "width": r.get("width", 128),
-               "seed": r["seed"], "learning_rate": r["learning_rate"], "trained_params": r["trained_params"],
-               "vocab_size": r.get("vocab_size", FIRST_VOCAB)}
-        records, workdir = r["history"], r.get("workdir", "runs/babylm")
-    else:
+    if not (folder / "spec.json").exists() or not match or match["start"] not in STARTS:
         return None
+    config = json.loads((folder / "config.json").read_text())
+    row = {"start": match["start"], "epochs": int(match["epochs"]), "width": int(match["width"]),
+           "seed": int(match["seed"]), "learning_rate": float(match["rate"]),
+           "trained_params": r.get("trained_params", r["params"]),     # a residual's vocabulary: its base's
+           "vocab_size": config["model"].get("vocab_size") or config["model"]["base"]["vocab_size"]}
+    records = history(folder)
     row.update(final_figures(r, records))
     finished = datetime.datetime.fromtimestamp((folder / "result.json").stat().st_mtime, datetime.UTC)
-    row.update(compute=compute_with_solve(row["flops"], row["train_seconds"], row["solve_seconds"]),
-               finished=finished.isoformat(timespec="seconds"),
+    row.update(compute=race.row_compute(row), finished=finished.isoformat(timespec="seconds"),
                curve=[(h["step"], h["dev_loss"]) for h in records if h.get("dev_loss") is not None],
-               reproduce=f"python experiments/budgets.py --workdir {workdir} --out {out} "
+               reproduce=f"python experiments/budgets.py --workdir {config['workdir']} --out {out} "
                          f"--runs {row['start']}:{row['epochs']}:{row['width']}:{row['seed']}"
                          + ("" if row["learning_rate"] == RATES[row["start"]] else f":{row['learning_rate']:g}"))
     return row
@@ -239,7 +234,6 @@ def report(out: Path, write: bool = True, also: tuple[Path, ...] = ()) -> dict:
         raise SystemExit(f"no finished runs under {out / 'runs'} or in {RESULTS / 'budgets.json'}")
     rows.sort(key=lambda row: (row["vocab_size"], row["width"], row["epochs"], STARTS.index(row["start"]),
                                row["seed"], row["learning_rate"]))
-    shares = {}         # the table's steps to cold's loss, by row key
     for row in rows:
         # a run at another rate than its start's probe chose is measured and listed, never a start's figure
         row["at_probed_rate"] = row["learning_rate"] == RATES[row["start"]]
@@ -254,28 +248,20 @@ def report(out: Path, write: bool = True, also: tuple[Path, ...] = ()) -> dict:
             row.update(cold_compute_to_match=found.cold_compute, multiplier=found.value, multiplier_is=HOW[found.kind],
                        multiplier_text=race.bound_text(found.value, found.kind))
         if row["start"] in EXPLICIT:
-            row["share_of_steps_to_cold"], shares[key(row)] = share_of_steps_to_cold(row, rows)
-    lines = ["| V | width | epochs | start | seed | lr | dev bits/byte | train loss (nats) | dev windows (nats) | "
-             "seconds (solve) | compute (FLOPs) | multiplier | steps to cold's loss |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            row["share_of_steps_to_cold"], row["steps_to_cold_text"] = share_of_steps_to_cold(row, rows)
     for row in rows:
-        lines.append(f"| {row['vocab_size']:,} | {row['width']} | {row['epochs']} | {row['start']} | {row['seed']} | "
-                     f"{row['learning_rate']:g}{'' if row['at_probed_rate'] else ' (not its probe’s)'} | "
-                     f"{row['dev_bpb']:.4f} | {row['train_loss']:.3f} | {row['last_dev_window_loss']:.3f} | "
-                     f"{row['train_seconds']:,.0f} ({row['solve_seconds']:,.0f}) | {row['compute']:.3e} | "
-                     f"{row.get('multiplier_text', '–')} | {shares.get(key(row), '–')} |")
-    table = "\n".join(lines)
-    print(table)
+        print(f"V {row['vocab_size']:,} width {row['width']} {row['epochs']} epochs {row['start']} seed {row['seed']} lr "
+              f"{row['learning_rate']:g}: dev {row['dev_bpb']:.4f} bits/byte, multiplier {row.get('multiplier_text', '–')}")
     if write:
         figure = _plot(rows, RESULTS.parent / "docs" / "results" / "budgets.png")
         # the learning-rate probes of earlier sessions (per start its losses by rate, the best, the share of train)
-        write_result(RESULTS, "budgets", {"rows": rows, "table": table, "plot": figure,
+        write_result(RESULTS, "budgets", {"rows": rows, "plot": figure,
                                  "probes": recorded(RESULTS / "budgets.json").get("probes", {})},
                      seeds=sorted({r["seed"] for r in rows}),
                      load={"note": "each run's seconds were measured with one run per core and other runs or "
                                    "development work sharing the machine at times; FLOPs are analytic; each row "
                                    "carries the command that reproduces it and when it finished"})
-    return {"rows": rows, "table": table}
+    return {"rows": rows}
 
 
 def _plot(rows: list[dict], path: Path) -> str:
@@ -352,8 +338,6 @@ def run_of(spec: str) -> tuple[str, int, int, int, float]:
     except ValueError:
         raise SaffuError(f"--runs takes START:EPOCHS:WIDTH:SEED or START:EPOCHS:WIDTH:SEED:LR (LR > 0), "
                          f"got {spec!r}") from None
-    if start in MODEL_STARTS and (width, rate) != (128, RATES[start]):
-        raise SaffuError(f"{start} runs at width 128 and its rate {RATES[start]:g} only (any_model's), got {spec!r}")
     return start, epochs, width, seed, rate
 
 
@@ -366,20 +350,14 @@ def check(options: Options) -> None:
 
 
 def train(todo: list[tuple[str, int, int, int, float]], args) -> None:
-    """Train the runs ``todo``: the project's transformer through :func:`saffu.runner.sweep`
-    (``--jobs`` at a time), the Llama-like starts through :mod:`any_model`."""
+    """Train the runs ``todo`` through :func:`saffu.runner.sweep` (``--jobs`` at a time), the
+    exact run of the residual starts first where one is missing."""
     from saffu.runner import exact_run
-    ours = [run for run in todo if run[0] not in MODEL_STARTS]
     exact = args.exact_run or args.out / "exact" / "1"
-    if any(run[0].startswith("residual") for run in ours):
+    if any(run[0].startswith("residual") for run in todo):
         exact_run(args.workdir, exact)
-    specs = {folder_name(*run): spec_of(*run, args.workdir, exact, args.quick) for run in ours}
+    specs = {folder_name(*run): spec_of(*run, args.workdir, exact, args.quick) for run in todo}
     sweep(specs, args.out / "runs", args.workdir, jobs=args.jobs)
-    for start, epochs, _, seed, rate in todo:
-        if start in MODEL_STARTS:
-            model, init = MODEL_STARTS[start]
-            any_model.main(["--workdir", str(args.workdir), "--out", str(args.out), "--models", model, "--inits", init,
-                            "--epochs", str(epochs), "--seed", str(seed), "--learning-rate", str(rate), "--quiet"])
 
 
 def main(argv=None):
@@ -400,7 +378,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except SaffuError as err:
-        raise SystemExit(f"budgets.py: error: {err}") from None
+    script_main(main)

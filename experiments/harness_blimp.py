@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from saffu._io import SaffuError
-from saffu.flags import script_options
+from saffu.flags import script_main, script_options
 from saffu.runner import recorded, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -125,4 +125,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    script_main(main)

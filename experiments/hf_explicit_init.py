@@ -14,15 +14,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
 from saffu.data.workdir import open_workdir
-from saffu.flags import DEFAULT_CORPUS, flags_of, script_options
-from saffu.runner import run_saffu, write_result
+from saffu.flags import flags_of, script_main, script_options
+from saffu.runner import prepared, run_saffu, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -148,9 +147,7 @@ def main(argv=None) -> int:
     if args.quick:
         args.width, args.layers, args.heads, args.steps, args.seq_len, args.batch_size = 32, 1, 2, 20, 32, 4
         args.eval_every, args.eval_tokens = 10, 2000
-        if not (args.workdir / "meta.json").exists():
-            run_saffu("prepare", "--corpus", DEFAULT_CORPUS, "--workdir", args.workdir, "--vocab-size", 512,
-                      "--allow-smaller-vocab")
+        prepared(args.workdir)
     torch.set_num_threads(args.threads)
     workdir = open_workdir(args.workdir)
     windows, n_bytes = dev_windows(workdir, args.eval_tokens, args.seq_len)
@@ -171,4 +168,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    script_main(main)

@@ -33,9 +33,9 @@ import dataclasses
 import json
 from pathlib import Path
 
-from saffu._io import SaffuError
+from saffu.eval import bench
 from saffu.eval.plots import Series, plot_curves
-from saffu.flags import script_options
+from saffu.flags import script_main, script_options
 from saffu.runner import history, run, run_saffu, write_result
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
@@ -111,22 +111,11 @@ def run_variant(args, variant: str) -> None:
 
 
 def report(args) -> None:
-    """``report.md``, ``report.json`` and ``curves.png`` of every finished stage (with
+    """``report.json`` and ``curves.png`` of every finished stage (with
     ``--write-result``: ``results/inheritune.json`` and ``docs/results/inheritune.png``)."""
     reference = json.loads((args.out / "reference.json").read_text())
     results = [json.loads(p.read_text()) for p in sorted((args.out / "runs").glob("*/stage.json"))]
-    lines = ["| model | blocks | params | training tokens (cumulative) | dev loss | dev bits/byte | "
-             "max attention rank per layer | lazy layers |", "|---|---|---|---|---|---|---|---|"]
-    lines.append(f"| reference ({reference['run']}) | {reference['layers']} | | | {reference['dev_loss']:.4f} | "
-                 f"{reference['dev_bpb']:.4f} | | |")
-    for r in sorted(results, key=lambda r: (r["variant"], r["layers"])):
-        earlier = sum(x["train_tokens"] for x in results if x["variant"] == r["variant"] and x["layers"] < r["layers"])
-        lines.append(f"| {r['variant']} | {r['layers']} | {r['params']:,} | {earlier + r['train_tokens']:,} | "
-                     f"{r['dev_loss']:.4f} | {r['dev_bpb']:.4f} | {' '.join(map(str, r['attention']['max_rank']))} | "
-                     f"{r['attention']['lazy_layers'] or 'none'} |")
-    table = "\n".join(lines)
     stages = [{k: v for k, v in r.items() if k != "history"} for r in results]
-    (args.out / "report.md").write_text(table + "\n")
     (args.out / "report.json").write_text(json.dumps({"reference": reference, "stages": stages}, indent=1))
     colours = dict(zip(VARIANTS, ("tab:red", "tab:gray", "tab:blue")))
     curves, offset = [], {}         # each variant's stages one after another: steps cumulative over its growth
@@ -142,9 +131,12 @@ def report(args) -> None:
                 levels=[(reference["dev_loss"], {"color": "black", "linestyle": ":",
                                                  "label": f"reference ({reference['layers']} blocks), full dev"})],
                 ylim=(low - 0.05, low + 1.5))           # the first steps of a cold start are far above
-    print(table)
-    if args.write_result:
-        write_result(RESULTS, "inheritune", {"reference": reference, "stages": stages, "table": table,
+    columns = [("variant", "variant", ""), ("blocks", "layers", "d"), ("dev loss", "dev_loss", ".4f"),
+               ("bits/byte", "dev_bpb", ".4f")]
+    print(f"reference ({reference['layers']} blocks): dev {reference['dev_loss']:.4f} nats\n"
+          + bench.table(sorted(stages, key=lambda r: (r["variant"], r["layers"])), columns))
+    if args.write_result:       # the page's table: experiments/pages/inheritune.md
+        write_result(RESULTS, "inheritune", {"reference": reference, "stages": stages,
                                     "learning_rate": args.learning_rate, "plot": str(plot.relative_to(RESULTS.parent))},
                      seeds=[args.seed], load={"note": "one stage at a time on one core (taskset), other runs on the "
                                                       "other core; each stage's seconds are in its row"})
@@ -186,14 +178,10 @@ class Options:
 def main(argv=None):
     args = script_options(Options, argv, __doc__.splitlines()[0])
     args.out.mkdir(parents=True, exist_ok=True)
-    if not args.report:
-        try:
-            for variant in args.variants:
-                run_variant(args, variant)
-        except SaffuError as err:           # a failed stage: the runner names it and its log
-            raise SystemExit(f"inheritune.py: {err}") from None
+    for variant in () if args.report else args.variants:      # a failed stage: the runner names it and its log
+        run_variant(args, variant)
     report(args)
 
 
 if __name__ == "__main__":
-    main()
+    script_main(main)

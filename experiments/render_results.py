@@ -14,12 +14,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import sys
 from pathlib import Path
 
 import jinja2
 
-from saffu.flags import script_options
+from saffu.flags import script_main, script_options
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS, PAGES = ROOT / "results", ROOT / "docs" / "results"
@@ -192,4 +191,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    script_main(main)

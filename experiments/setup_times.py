@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from saffu.eval.bench import Watch
-from saffu.flags import script_options
+from saffu.flags import script_main, script_options
 from saffu.runner import write_result
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -144,4 +144,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    script_main(main)

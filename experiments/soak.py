@@ -19,8 +19,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
-import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,20 +26,14 @@ from pathlib import Path
 import numpy as np
 
 from saffu.eval.bench import Watch
-from saffu.flags import script_options
+from saffu.flags import script_main, script_options
 from saffu.models.interface import model_init
-from saffu.runner import history, write_result
+from saffu.runner import history, prepared, write_result
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 #: Fields of a metrics record that are timings or memory, not results.
 VOLATILE = ("seconds", "tokens_per_s", "peak_rss_mb", "device_peak_mb")
-
-
-def rss_mb() -> float:
-    """Current resident set size of this process (``/proc/self/statm``), in MB."""
-    pages = int(Path("/proc/self/statm").read_text().split()[1])
-    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def memory(name: str, rss: list[float], per: str) -> dict:
@@ -89,17 +81,16 @@ def main(argv=None):
 
     import jax
 
-    from saffu import PrepareConfig, babylm_corpus, open_workdir, prepare
+    from saffu import open_workdir
     from saffu.configs import TrainConfig, TransformerConfig
+    from saffu.engine.accounting import rss_mb
     from saffu.training import trainer
     from saffu.training.checkpoints import load_params
 
     watch = Watch()         # the load averages before and after
     scratch = tempfile.TemporaryDirectory(prefix="saffu-soak-")
     root = Path(scratch.name)
-    workdir = (open_workdir(args.workdir) if args.workdir else
-               prepare(babylm_corpus(Path(__file__).resolve().parents[1] / "data" / "default_corpus"),
-                       root / "work", PrepareConfig(vocab_size=512), show_progress=False))
+    workdir = open_workdir(args.workdir or prepared(root / "work"))
     model = TransformerConfig(workdir.vocab_size, width=args.width, layers=2, heads=2, context_tokens=16, max_len=96,
                               block="gpt", output_bias=True)
     stream, dev = workdir.tokens(workdir.train_split), workdir.tokens("dev")
@@ -166,4 +157,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    script_main(main)

@@ -36,15 +36,13 @@ import dataclasses
 import functools
 import json
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
-from saffu._io import SaffuError, atomic_write_json
+from saffu._io import atomic_write_json
 from saffu.eval.plots import plot_race
-from saffu.eval.race import combinations, compute_with_solve, rate_search, search, tuned_race
-from saffu.flags import DEFAULT_CORPUS, TRANSFORMER_RENAME, flags_of, script_options
-from saffu.runner import command, final_figures, history, joined, recorded, steps_per_epoch, sweep, write_result
+from saffu.eval.race import combinations, rate_search, search, tuned_race
+from saffu.flags import TRANSFORMER_RENAME, flags_of, script_main, script_options
+from saffu.runner import command, final_figures, history, joined, prepared, recorded, steps_per_epoch, sweep, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The starts compared: each one's ``saffu train`` start (``--init`` and its start settings) and
@@ -248,11 +246,6 @@ def report(args) -> dict:
     return figures
 
 
-def compute(row: dict) -> float:
-    """A run's FLOPs with its explicit solve (:func:`saffu.eval.race.compute_with_solve`)."""
-    return compute_with_solve(row["flops"], row["train_seconds"], row.get("solve_seconds", 0.0))
-
-
 def race(figures: dict) -> dict:
     """Each explicit start's multiplier at each budget (its best run there) against its
     architecture's cold curve (the best cold run of each budget of a whole epoch or more),
@@ -261,7 +254,7 @@ def race(figures: dict) -> dict:
             for start, tuned in figures["starts"].items()}
     for start, runs in figures["architectures"].items():     # a tuned start's other runs join its budgets'
         rows[start] = rows.get(start, []) + runs
-    return tuned_race(rows, COLD_OF, compute)
+    return tuned_race(rows, COLD_OF)
 
 
 def plot(race_rows: dict, path: Path, tuned: tuple[str, ...] = ()) -> str:
@@ -294,10 +287,7 @@ def main(argv=None) -> int:
     args = script_options(Options, argv, __doc__.splitlines()[0])
     if args.quick:
         args.share, args.epochs = 0.25, [1.0]
-        if not (args.workdir / "meta.json").exists():
-            subprocess.run([sys.executable, "-m", "saffu", "prepare", "--corpus", str(DEFAULT_CORPUS),
-                            "--workdir", str(args.workdir),
-                            "--vocab-size", "512", "--allow-smaller-vocab", "--quiet"], check=True)
+        prepared(args.workdir)
         args.phase = args.phase or "grid"
     if not args.report and not args.phase:
         raise SystemExit("give --phase grid, --phase budgets or --report")
@@ -323,7 +313,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except SaffuError as error:         # a failed run: the runner names it and its log
-        sys.exit(f"tune.py: {error}")
+    script_main(main)

@@ -21,6 +21,8 @@ import dataclasses
 import functools
 import inspect
 import re
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from saffu import configs
@@ -190,6 +192,17 @@ def script_options(cls: type, argv=None, description: str | None = None, check=N
     except SaffuError as err:
         parser.error(str(err))
     return options
+
+
+def script_main(main: Callable[[], object]) -> None:
+    """Run a script's ``main()`` and exit: status 0, or ``main``'s when it returns an ``int``; a
+    :class:`SaffuError` (bad input, a failed run, which the runner names with its log) ends it
+    with its one line, ``SCRIPT: error: MESSAGE``, and status 1 instead of a traceback."""
+    try:
+        status = main()
+    except SaffuError as err:
+        sys.exit(f"{Path(sys.argv[0]).name}: error: {err}")
+    sys.exit(status if isinstance(status, int) else 0)
 
 
 def exact_groups(text: str) -> tuple[tuple[int, ...], ...]:

@@ -215,6 +215,19 @@ def run_saffu(*words) -> None:
         raise SaffuError(lines[-1] if lines else f"saffu {words[0]} failed (exit {done.returncode})")
 
 
+def prepared(workdir: str | Path, corpus: str | Path | None = None, vocab_size: int = 512) -> Path:
+    """``workdir`` holding a prepared work directory: ``saffu prepare`` of ``corpus`` (default: the
+    embedded corpus, :data:`saffu.flags.DEFAULT_CORPUS`) at ``vocab_size`` (or the corpus's
+    largest, if smaller), unless it holds one (its ``meta.json``) already. The quick modes' work
+    directory."""
+    workdir = Path(workdir)
+    if not (workdir / "meta.json").exists():
+        from saffu.flags import DEFAULT_CORPUS
+        run_saffu("prepare", "--corpus", corpus or DEFAULT_CORPUS, "--workdir", workdir, "--vocab-size", vocab_size,
+                  "--allow-smaller-vocab")
+    return workdir
+
+
 def gather_one(folder: str | Path) -> dict:
     """The row of a finished run folder: ``name``, ``spec_hash``, its spec's settings
     (``"train.learning_rate"``, …), every figure of its ``result.json``, the last training loss

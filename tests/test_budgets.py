@@ -30,8 +30,7 @@ def budgets(project: Path, *args: str) -> subprocess.CompletedProcess:
 
 def result(project: Path, folder: str, **fields) -> None:
     """A finished run under ``runs/budgets/runs``: a run of the runner (``spec.json``, the
-    figures of ``saffu train``, its metrics and config) named ``START_eE_wW_sS_lrR``, or one of
-    any_model.py's (``model`` among ``fields``; its own result.json, with its history)."""
+    figures of ``saffu train``, its metrics and config) named ``START_eE_wW_sS_lrR``."""
     run = project / "runs" / "budgets" / "runs" / folder
     run.mkdir(parents=True)
     epochs = fields.get("epochs") or 1
@@ -39,12 +38,9 @@ def result(project: Path, folder: str, **fields) -> None:
                {"step": 100 * epochs, "flops": 1e12 * epochs, "seconds": 100.0 * epochs, "train_loss": 4.0,
                 "dev_loss": 2.2 * fields["dev_bpb"]}]
     figures = {"params": 10, "solve_seconds": 0.0, "dev_loss": 4.0, "flops": history[-1]["flops"], **fields}
-    if "model" in fields:
-        figures = {"seed": 0, "vocab_size": 8192, "width": 128, "trained_params": 10, "history": history, **figures}
-    else:
-        (run / "spec.json").write_text("{}")
-        (run / "config.json").write_text(json.dumps({"model": {"vocab_size": 8192}, "workdir": "runs/babylm"}))
-        (run / "metrics.jsonl").write_text("".join(json.dumps(h) + "\n" for h in history))
+    (run / "spec.json").write_text("{}")
+    (run / "config.json").write_text(json.dumps({"model": {"vocab_size": 8192}, "workdir": "runs/babylm"}))
+    (run / "metrics.jsonl").write_text("".join(json.dumps(h) + "\n" for h in history))
     (run / "result.json").write_text(json.dumps(figures))
 
 
@@ -54,7 +50,7 @@ def report(project: Path) -> list[dict]:
     return json.loads((project / "results" / "budgets.json").read_text())["figures"]["rows"]
 
 
-@pytest.mark.parametrize("spec", ["cold:1:128", "cold:1:128:0:-0.01", "warm:1:128:0", "llama-explicit:1:256:0"])
+@pytest.mark.parametrize("spec", ["cold:1:128", "cold:1:128:0:-0.01", "warm:1:128:0", "cold:1:128:0:0.01:9"])
 def test_a_bad_run_spec_is_one_usage_error(project, spec):
     done = budgets(project, "--workdir", "nowhere", "--runs", spec)
     assert done.returncode == 2 and spec in done.stderr and "Traceback" not in done.stderr
@@ -82,18 +78,22 @@ def test_the_sweeps_runs_train_through_the_runner_and_report(project, tiny_workd
              "--groups", "0 0,1", "--buckets", "--holdout-tokens", "64", "--quiet"]
     assert subprocess.run(exact, cwd=project, capture_output=True).returncode == 0
     done = budgets(project, "--workdir", str(tiny_workdir.path), "--out", "runs/budgets", "--runs", "cold:1:16:0",
-                   "explicit-init:1:16:0", "residual-crossfit:1:16:0", "--exact-run", "runs/exact", "--quick",
-                   "--report", "--no-write")
+                   "explicit-init:1:16:0", "residual-crossfit:1:16:0", "llama-explicit:1:16:0", "--exact-run",
+                   "runs/exact", "--quick", "--report", "--no-write")
     assert done.returncode == 0, done.stderr[-3000:]
     runs = project / "runs" / "budgets" / "runs"
     assert sorted(p.name for p in runs.iterdir()) == ["cold_e1_w16_s0_lr0.01", "explicit-init_e1_w16_s0_lr0.01",
+                                                       "llama-explicit_e1_w16_s0_lr0.01",
                                                        "residual-crossfit_e1_w16_s0_lr0.003"]
     spec = json.loads((runs / "residual-crossfit_e1_w16_s0_lr0.003" / "spec.json").read_text())
     assert spec["options"] == {"residual_scale": "fixed", "cross_fit": 2, "holdout_tokens": 256}
     assert (spec["model"]["width"], spec["model"]["layers"], spec["train"]["seq_len"]) == (16, 1, 32)
     assert spec["start"]["residual"] == str(project / "runs" / "exact")
-    table = [line for line in done.stdout.splitlines() if line.startswith("| 280 | 16 | 1 |")]
-    assert [line.split("|")[4].strip() for line in table] == ["cold", "explicit-init", "residual-crossfit"]
+    llama = json.loads((runs / "llama-explicit_e1_w16_s0_lr0.01" / "spec.json").read_text())   # penzai's, any_model's start
+    assert (llama["model"]["kind"], llama["model"]["family"], llama["start"]["explicit_pieces"]) == (
+        "penzai", "llama", ["embeddings", "output"])
+    printed = [line.split() for line in done.stdout.splitlines() if line.startswith("V 280 width 16 1 epochs")]
+    assert [line[6] for line in printed] == ["cold", "explicit-init", "residual-crossfit", "llama-explicit"]
 
 
 def test_an_explicit_start_is_measured_against_its_cold_curve_with_seeds_averaged(project):
@@ -115,14 +115,12 @@ def test_another_architectures_explicit_start_is_measured_against_its_own_random
     # the project's transformer: a cold start far better than the Llama-like one's random init
     result(project, "cold_e1_w128_s0_lr0.01", dev_bpb=1.5)
     result(project, "cold_e2_w128_s0_lr0.01", epochs=2, dev_bpb=1.45)
-    llama = {"model": "llama", "learning_rate": 0.01}
-    result(project, "llama_random_s0_e1", **llama, init="random", variant="random", epochs=1, dev_bpb=2.0)
-    result(project, "llama_random_s0_e2", **llama, init="random", variant="random", epochs=2, dev_bpb=1.8)
-    result(project, "llama_explicit_s0_e1", **llama, init="explicit", variant="explicit", epochs=1, dev_bpb=1.9)
-    # not the sweep's: a fixed number of steps, an init variant it does not run
-    result(project, "llama_explicit_s0_30", **llama, init="explicit", variant="explicit", epochs=None, dev_bpb=1.0)
-    result(project, "llama_explicit-rms0_s0_e1", **llama, init="explicit", variant="explicit-rms0", epochs=1,
-           dev_bpb=1.0)
+    result(project, "llama-random_e1_w128_s0_lr0.01", dev_bpb=2.0)
+    result(project, "llama-random_e2_w128_s0_lr0.01", epochs=2, dev_bpb=1.8)
+    result(project, "llama-explicit_e1_w128_s0_lr0.01", dev_bpb=1.9)
+    # not the sweep's: any_model.py's run of a fixed number of steps, an init variant it does not run
+    result(project, "llama-explicit_n30_w128_s0_lr0.01", dev_bpb=1.0)
+    result(project, "llama-explicit-rms0_e1_w128_s0_lr0.01", dev_bpb=1.0)
     rows = report(project)
     assert sorted((r["start"], r["epochs"]) for r in rows) == [
         ("cold", 1), ("cold", 2), ("llama-explicit", 1), ("llama-random", 1), ("llama-random", 2)]

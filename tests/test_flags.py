@@ -186,6 +186,21 @@ def test_script_options_parse_a_dataclass_and_refuse_what_does_not_go_together(c
     assert "where it writes" in shown and "--no-write" in shown and "--child" not in shown   # hidden: parsed, not listed
 
 
+def test_a_script_exits_with_its_status_and_a_saffu_error_as_one_line(monkeypatch):
+    from saffu.flags import script_main
+    monkeypatch.setattr("sys.argv", ["experiments/tune.py"])
+    for returned, status in ((None, 0), (3, 3), ({"figures": 1}, 0)):       # a dict (a benchmark's figures): 0
+        with pytest.raises(SystemExit) as exit_:
+            script_main(lambda returned=returned: returned)
+        assert exit_.value.code == status
+
+    def fails():
+        raise SaffuError("2 of 4 runs failed: a, b")
+    with pytest.raises(SystemExit) as exit_:
+        script_main(fails)
+    assert exit_.value.code == "tune.py: error: 2 of 4 runs failed: a, b"      # printed to stderr, status 1
+
+
 def test_settings_are_written_as_the_flags_that_set_them():
     from saffu.flags import TRANSFORMER_RENAME, flags_of
     assert flags_of({"block": "llama", "output_bias": False, "heads": 4}, TRANSFORMER_RENAME) == [

@@ -74,6 +74,9 @@ def test_compute_counts_the_solve_at_the_training_rate():
     assert compute_with_solve(1e12, 100.0, 25.0) == pytest.approx(1.25e12)
     with pytest.raises(SaffuError, match="training seconds"):
         compute_with_solve(1e12, 0.0, 1.0)
+    from saffu.eval.race import row_compute
+    assert row_compute({"flops": 1e12, "train_seconds": 100.0, "solve_seconds": 25.0}) == pytest.approx(1.25e12)
+    assert row_compute({"flops": 1e12, "train_seconds": 100.0}) == 1e12          # a cold run: no solve
 
 
 def test_a_printed_bound_still_holds():

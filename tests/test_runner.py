@@ -154,6 +154,15 @@ def test_a_saffu_command_runs_quietly_and_its_failure_is_its_error_line(tiny_wor
     assert "\n" not in str(caught.value)
 
 
+def test_a_quick_work_directory_is_prepared_once(tiny_corpus_dir, tmp_path):
+    from saffu.data.workdir import open_workdir
+    from saffu.runner import prepared
+    workdir = prepared(tmp_path / "quick", tiny_corpus_dir, vocab_size=4096)   # more than the corpus has: its largest
+    meta = (workdir / "meta.json").stat().st_mtime_ns
+    assert open_workdir(workdir).vocab_size < 4096 and prepared(workdir, tiny_corpus_dir) == workdir
+    assert (workdir / "meta.json").stat().st_mtime_ns == meta                  # already prepared: left alone
+
+
 def test_a_results_file_holds_its_figures_and_what_it_takes_to_trust_them(tmp_path):
     """:func:`saffu.runner.write_result` writes ``RESULTS/NAME.json`` with the figures, the
     command, the date, the seeds, the machine and the load; :func:`recorded` reads the figures back."""

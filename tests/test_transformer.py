@@ -108,6 +108,7 @@ def test_same_trainer_lowers_the_loss_and_accounts_for_compute(tiny_workdir, tmp
     assert history[-1]["dev_loss"] < history[0]["dev_loss"] - 1.0
     last = history[-1]
     assert last["tokens"] == 30 * 4 * 16 and last["peak_rss_mb"] > 0
+    assert 0 < accounting.rss_mb() <= accounting.peak_rss_mb() + 1.0      # now, never above the peak so far
     # the analytic count, by hand: 3 × forward (2 FLOPs per multiply-add) per trained token, and a
     # token's forward at width 16, 2 layers, MLP 64, V = 280, mean visible keys (4 + 16 + 1) / 2
     assert tiny_workdir.vocab_size == 280

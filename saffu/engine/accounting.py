@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
 import resource
 import sys
 from collections.abc import Iterator
@@ -82,6 +83,16 @@ def peak_rss_mb() -> float:
     """Peak resident memory of this process so far, in MB (monotone over the process's life)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 2**20 if sys.platform == "darwin" else peak / 2**10   # bytes on macOS, KiB on Linux
+
+
+def rss_mb() -> float:
+    """Resident memory of this process now, in MB (``/proc/self/statm``; where there is no
+    ``/proc``, the peak so far, :func:`peak_rss_mb`)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except FileNotFoundError:
+        return peak_rss_mb()
 
 
 def device_peak_mb() -> float | None:

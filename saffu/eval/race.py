@@ -51,6 +51,12 @@ def compute_with_solve(flops: float, train_seconds: float, solve_seconds: float 
     return flops * (1.0 + solve_seconds / train_seconds)
 
 
+def row_compute(row: Mapping) -> float:
+    """A run row's compute with its solve (:func:`compute_with_solve` of its ``flops``,
+    ``train_seconds`` and ``solve_seconds``, 0 where it has none)."""
+    return compute_with_solve(row["flops"], row["train_seconds"], row.get("solve_seconds", 0.0))
+
+
 def running_best(curve: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
     """``[(compute, loss), …]`` sorted by compute, each loss the best so far (a longer budget
     that ends worse does not make cold need less compute)."""
@@ -267,7 +273,7 @@ def rate_search(chosen: Mapping[str, float], losses, extend: bool = True, max_va
 
 
 def tuned_race(runs: Mapping[str, Sequence[Mapping]], cold_of: Mapping[str, str],
-               compute: Callable[[Mapping], float], budget: str = "epochs", loss: str = "dev_bpb") -> dict:
+               compute: Callable[[Mapping], float] = row_compute, budget: str = "epochs", loss: str = "dev_bpb") -> dict:
     """The race of tuned starts: each start's best run of each budget of a whole epoch or more
     (:func:`best_per_budget`), and each explicit start's multiplier at each of its budgets against
     its cold start's curve of those runs (:func:`multiplier`).
@@ -276,7 +282,7 @@ def tuned_race(runs: Mapping[str, Sequence[Mapping]], cold_of: Mapping[str, str]
       runs: ``{start: [row, …]}``, each row with its ``name``, ``budget`` (epochs), ``loss``, its
         ``dev_loss`` and ``train_loss`` (nats) and what ``compute`` reads.
       cold_of: ``{explicit start: the cold start it races}``.
-      compute: a row's compute, FLOPs with its solve (:func:`compute_with_solve`).
+      compute: a row's compute, FLOPs with its solve (default :func:`row_compute`).
 
     Returns ``{explicit start: [race row, …]}``, budgets ascending, each race row holding
     ``budget``, ``name``, ``loss``, ``compute``, ``multiplier``, ``multiplier_kind``,
