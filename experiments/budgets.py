@@ -218,18 +218,18 @@ def _row(folder: Path, out: Path) -> dict | None:
     return row
 
 
-def gathered_rows(*outs: Path) -> list[dict]:
+def gathered_rows(*outs: Path, earlier: bool = True) -> list[dict]:
     """One row per finished run of the sweep: this machine's under each ``out/runs`` (:func:`_row`),
-    then the rows of ``results/budgets.json`` from earlier sessions that none of them holds;
-    without what :func:`report` derives from all rows."""
+    then (``earlier``) the rows of ``results/budgets.json`` from earlier sessions that none of them
+    holds; without what :func:`report` derives from all rows."""
     here = [_row(path.parent, out) for out in outs for path in sorted((out / "runs").glob("*/result.json"))]
-    return joined([row for row in here if row is not None], recorded_rows(), key)
+    return joined([row for row in here if row is not None], recorded_rows() if earlier else [], key)
 
 
-def report(out: Path, write: bool = True, also: tuple[Path, ...] = ()) -> dict:
-    """Every finished run of the sweep (:func:`gathered_rows` of ``out`` and each of ``also``) as
-    a table with the multipliers, ``results/budgets.json`` and ``docs/results/budgets.png``."""
-    rows = gathered_rows(out, *also)
+def report(out: Path, write: bool = True, also: tuple[Path, ...] = (), earlier: bool = True) -> dict:
+    """Every finished run of the sweep (:func:`gathered_rows` of ``out`` and each of ``also``, and
+    ``earlier`` sessions' rows) with the multipliers, ``results/budgets.json`` and ``docs/results/budgets.png``."""
+    rows = gathered_rows(out, *also, earlier=earlier)
     if not rows:
         raise SystemExit(f"no finished runs under {out / 'runs'} or in {RESULTS / 'budgets.json'}")
     rows.sort(key=lambda row: (row["vocab_size"], row["width"], row["epochs"], STARTS.index(row["start"]),
@@ -305,7 +305,8 @@ class Options:
       exact_run: the residual starts' `saffu exact` run of the whole training split (default: OUT/exact/1, made
         there unless it exists)
       jobs: runs at once, one per core
-      quick: a one-block model on short windows (a check on a tiny corpus; its runs go to their own --out)
+      quick: a one-block model on short windows (a check on a tiny corpus; its runs go to their own --out, its
+        report is printed only, without earlier sessions' rows)
       report: gather the finished runs (results/budgets.json)
       also: with --report: further --out folders (e.g. the runs of another vocabulary)
       write: with --report: write results/budgets.json and the plot (--no-write: print only)
@@ -363,7 +364,7 @@ def train(todo: list[tuple[str, int, int, int, float]], args) -> None:
 def main(argv=None):
     args = script_options(Options, argv, __doc__.splitlines()[0], check=check)
     vocab = FIRST_VOCAB if args.workdir is None else open_workdir(args.workdir).vocab_size
-    rows = {key(row): row for row in gathered_rows(args.out)}      # this machine's runs and earlier sessions'
+    rows = {key(row): row for row in gathered_rows(args.out, earlier=not args.quick)}   # this machine's, earlier sessions'
     finished = lambda run: rows.get((*run, RATES[run[0]], vocab))
     line = lambda run: (f"{run[0]:>18}  {run[1]} epochs  width {run[2]}  seed {run[3]}  lr {RATES[run[0]]:g}: "
                         + (f"dev {finished(run)['dev_bpb']:.4f} bits/byte" if finished(run) else "to run"))
@@ -374,7 +375,7 @@ def main(argv=None):
     if todo:
         train(todo, args)
     if args.report:
-        report(args.out, write=args.write, also=args.also)
+        report(args.out, write=args.write and not args.quick, also=args.also, earlier=not args.quick)
 
 
 if __name__ == "__main__":
