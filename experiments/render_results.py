@@ -91,11 +91,15 @@ def _race_best(tuning: dict | None) -> list[tuple[str, dict]]:
 
 def headline_block() -> str:
     """The README's headline table: the tuned race's best explicit start per architecture and
-    budget (:func:`_race_best`), then the two penzai models of the any-model run (random against
+    budget (:func:`_race_best`) and the lowest figure of any tuned run within four epochs, then the two penzai models of the any-model run (random against
     explicit init), each linking its results page. The budget sweep's rows against its untuned cold
     start stay on their page (``docs/results/budgets.md``)."""
     tuning = _load("tuning")
-    return _block("headline", tuning=tuning, any_model=_load("any_model"), race=_race_best(tuning))
+    f = tuning["figures"] if tuning else {"starts": {}, "architectures": {}}
+    runs = [r for t in f["starts"].values() for b in t["budgets"].values() for r in b["runs"]]
+    runs += [r for rows in f["architectures"].values() for r in rows if 1 <= r["epochs"] <= 4]
+    return _block("headline", tuning=tuning, any_model=_load("any_model"), race=_race_best(tuning),
+                  best=min((r for r in runs if r["epochs"] <= 4), key=lambda r: r["dev_bpb"], default=None))
 
 
 def _records(block: str, **files: str) -> dict:
