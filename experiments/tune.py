@@ -64,7 +64,8 @@ STARTS = {"cold": ("random", GPT, {}), "explicit-init": ("explicit", GPT, {}),
           # attention across the documents of a window (BabyLM's documents are lines), at the grid's values
           "llama-cold-nobias-xdoc": ("random", {**LLAMA, "across_documents": True}, {}),
           "llama-explicit-nobias-xdoc": ("explicit", {**LLAMA, "across_documents": True}, {}),
-          "llama-explicit-nobias-xdoc-w256": ("explicit", {**LLAMA, "across_documents": True, "width": 256}, {})}
+          "llama-explicit-nobias-xdoc-w256": ("explicit", {**LLAMA, "across_documents": True, "width": 256}, {}),
+          "llama-cold-nobias-xdoc-w256": ("random", {**LLAMA, "across_documents": True, "width": 256}, {})}
 
 
 def start_flags(start: str) -> list[str]:
@@ -80,7 +81,8 @@ GRID_STARTS = ("cold", "explicit-init")
 COLD_OF = {"explicit-init": "cold", "llama-explicit-nobias": "llama-cold-nobias",
            "llama-explicit-nobias-rms1": "llama-cold-nobias", "llama-explicit-nobias-rms1-out": "llama-cold-nobias",
            "llama-explicit-nobias-w64": "llama-cold-nobias-w64", "llama-explicit-nobias-w256": "llama-cold-nobias-w256",
-           "llama-explicit-nobias-xdoc": "llama-cold-nobias-xdoc"}
+           "llama-explicit-nobias-xdoc": "llama-cold-nobias-xdoc",
+           "llama-explicit-nobias-xdoc-w256": "llama-cold-nobias-xdoc-w256"}
 #: The quarter-epoch grid.
 GRID = {"learning_rate": [1e-3, 3e-3, 1e-2, 3e-2], "weight_decay": [0.0, 0.1], "dropout": [0.0, 0.1]}
 #: The llama block's grid, the same for its cold and explicit starts: the weight decay starts at 0 and
