@@ -61,11 +61,15 @@ def mm_shape(f: dict) -> str:
     return f"{rows:,} × {width}] @ [{width} × {vocab:,}"
 
 
-def tuning(record: dict) -> str:
-    f = record["figures"]
+def tuned_runs(f: dict) -> list[dict]:
+    """Every run of ``results/tuning.json``'s figures ``f`` of an epoch or more: the tuned starts'
+    budgets' runs, then the other architectures' runs."""
     runs = [r for t in f["starts"].values() for b in t["budgets"].values() for r in b["runs"]]
-    runs += [r for rows in f.get("architectures", {}).values() for r in rows]
-    return _page("tuning", record, rescored=[r for r in runs if r.get("rescored")])
+    return runs + [r for rows in f.get("architectures", {}).values() for r in rows]
+
+
+def tuning(record: dict) -> str:
+    return _page("tuning", record, rescored=[r for r in tuned_runs(record["figures"]) if r.get("rescored")])
 
 
 RENDERERS = {"tuning": tuning, "bench_bf16": bench_bf16}
@@ -91,13 +95,11 @@ def _race_best(tuning: dict | None) -> list[tuple[str, dict]]:
 
 def headline_block() -> str:
     """The README's headline table: the tuned race's best explicit start per architecture and
-    budget (:func:`_race_best`) and the lowest figure of any tuned run within four epochs, then the two penzai models of the any-model run (random against
+    budget (:func:`_race_best`) and the lowest figure of any run within four epochs (:func:`tuned_runs`), then the two penzai models of the any-model run (random against
     explicit init), each linking its results page. The budget sweep's rows against its untuned cold
     start stay on their page (``docs/results/budgets.md``)."""
     tuning = _load("tuning")
-    f = tuning["figures"] if tuning else {"starts": {}, "architectures": {}}
-    runs = [r for t in f["starts"].values() for b in t["budgets"].values() for r in b["runs"]]
-    runs += [r for rows in f["architectures"].values() for r in rows if 1 <= r["epochs"] <= 4]
+    runs = tuned_runs(tuning["figures"]) if tuning else []
     return _block("headline", tuning=tuning, any_model=_load("any_model"), race=_race_best(tuning),
                   best=min((r for r in runs if r["epochs"] <= 4), key=lambda r: r["dev_bpb"], default=None))
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from saffu import configs
 from saffu._io import SaffuError, atomic_write_json, read_settings
 from saffu.eval.race import compute_with_solve
+from saffu.flags import DEFAULT_CORPUS
 
 #: The sections of a run spec (:func:`saffu.flags.spec_defaults` reads them).
 SECTIONS = ("start", "model", "train", "options", "eval")
@@ -222,7 +223,6 @@ def prepared(workdir: str | Path, corpus: str | Path | None = None, vocab_size: 
     directory."""
     workdir = Path(workdir)
     if not (workdir / "meta.json").exists():
-        from saffu.flags import DEFAULT_CORPUS
         run_saffu("prepare", "--corpus", corpus or DEFAULT_CORPUS, "--workdir", workdir, "--vocab-size", vocab_size,
                   "--allow-smaller-vocab")
     return workdir
