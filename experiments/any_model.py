@@ -69,7 +69,7 @@ def default_rms(name: str) -> float:
 def model_section(name: str) -> dict:
     """The run spec's ``model`` section of the model ``name`` of :data:`MODELS`."""
     if name == "saffu-nobias":
-        return {"kind": "transformer", "block": "gpt", "output_bias": False}
+        return {"kind": "transformer", "block": "gpt", "output_bias": False, "across_documents": False}
     return {"kind": "penzai", "family": "llama" if name.startswith("llama") else "neox", "tied": name.endswith("-tied")}
 
 

@@ -135,7 +135,8 @@ def _model(kind: str, args):
     from saffu.data.workdir import open_workdir
     from saffu.models.interface import model_init
     workdir = open_workdir(args.workdir)
-    base = TransformerConfig(workdir.vocab_size, width=args.width, layers=args.layers, block="gpt", output_bias=True)
+    base = TransformerConfig(workdir.vocab_size, width=args.width, layers=args.layers, block="gpt", output_bias=True,
+                             across_documents=False)
     key = jax.random.key(0)
     if kind == "transformer":
         return base, model_init(base, key), workdir

@@ -35,6 +35,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+#: The model benchmarked: GPT-2's block with an output bias, attention document-local.
+GPT_BLOCK = {"block": "gpt", "output_bias": True, "across_documents": False}
 #: The model's and the batch's settings: the options every variant reads (and the figures record).
 MODEL = ("vocab_size", "width", "layers", "heads", "context", "batch_size", "seq_len")
 #: (name, cores): the variants of one round (torch-*: PyTorch's). Cores: "0" one core, "0,1" both.
@@ -109,8 +111,8 @@ def _saffu_child(spec: dict, batches: np.ndarray, data_parallel: bool, profile: 
     from saffu.models.interface import model_init, target_loss
     from saffu.training.trainer import StepStats, make_optimizer, make_train_step
 
-    # the gpt block with an output bias, which a revision from before the block choice has alone
-    block = {"block": "gpt", "output_bias": True} if "block" in TransformerConfig.__dataclass_fields__ else {}
+    # the gpt block with an output bias, document-local: what a revision from before those choices has alone
+    block = {k: v for k, v in GPT_BLOCK.items() if k in TransformerConfig.__dataclass_fields__}
     model = TransformerConfig(spec["vocab_size"], spec["width"], spec["layers"], spec["heads"],
                               context_tokens=spec["context"], **block)
     total = spec["warm_steps"] + spec["steps"]
@@ -294,7 +296,7 @@ def _prepare(args, folder: Path) -> dict:
     from saffu.training.trainer import BatchSchedule
 
     model = TransformerConfig(args.vocab_size, args.width, args.layers, args.heads, context_tokens=args.context,
-                              block="gpt", output_bias=True)
+                              **GPT_BLOCK)
     total = args.warm_steps + args.steps
     if (args.workdir / "meta.json").exists():
         from saffu.data.workdir import open_workdir

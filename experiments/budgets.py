@@ -126,7 +126,7 @@ def spec_of(start: str, epochs: int, width: int, seed: int, rate: float, workdir
     dev split; a residual over the exact run ``exact``; a start of :data:`MODEL_STARTS` is
     :mod:`any_model`'s model and start (``quick``: :data:`QUICK`'s settings over these)."""
     model = any_model.model_section(MODEL_STARTS[start][0]) if start in MODEL_STARTS else \
-        {"kind": "transformer", "block": "gpt", "output_bias": True}
+        {"kind": "transformer", "block": "gpt", "output_bias": True, "across_documents": False}
     init = MODEL_STARTS.get(start, ("", "explicit" if start.startswith("explicit") else "random"))[1]
     start_section, options = {"init": init, "model": model["kind"]}, {}
     if start == "explicit-init-rms1":

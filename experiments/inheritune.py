@@ -36,6 +36,7 @@ from pathlib import Path
 from saffu.eval import bench
 from saffu.eval.plots import Series, plot_curves
 from saffu.flags import script_main, script_options
+from saffu.models.interface import config_from_dict
 from saffu.runner import history, run, run_saffu, write_result
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
@@ -48,7 +49,7 @@ def reference_of(args) -> tuple[dict, dict]:
     eval``, once, kept in ``OUT/reference.json``)."""
     if not (args.reference / "config.json").exists():
         raise SystemExit(f"{args.reference} holds no config.json: the reference must be a saffu train run")
-    model = json.loads((args.reference / "config.json").read_text())["model"]
+    model = dataclasses.asdict(config_from_dict(json.loads((args.reference / "config.json").read_text())["model"]))
     if model["kind"] != "transformer":
         raise SystemExit(f"{args.reference} holds a {model['kind']}; the reference must be a transformer")
     record = args.out / "reference.json"

@@ -82,15 +82,17 @@ def _load(name: str) -> dict | None:
 
 def _race_best(tuning: dict | None) -> list[tuple[str, dict]]:
     """The tuned race's rows (``results/tuning.json``): per architecture's cold curve and budget,
-    the explicit start with the lowest dev figure and its run, as ``(start, run)``, the
-    ``llama-cold-nobias`` curve's first."""
+    the explicit start with the lowest dev figure and its run, as ``(start, run)``, the default
+    architecture's (``llama-cold-nobias-xdoc``, attention across documents) first, then the
+    document-local llama block's."""
     best = {}
     for start, runs in (tuning["figures"].get("race", {}) if tuning else {}).items():
         for r in runs:
             key = (r["cold"], r["epochs"])
             if key not in best or r["dev_bpb"] < best[key][1]["dev_bpb"]:
                 best[key] = (start, r)
-    return [best[key] for key in sorted(best, key=lambda key: (key[0] != "llama-cold-nobias", key))]
+    first = ("llama-cold-nobias-xdoc", "llama-cold-nobias")
+    return [best[key] for key in sorted(best, key=lambda key: (first.index(key[0]) if key[0] in first else 2, key))]
 
 
 def headline_block() -> str:

@@ -92,7 +92,7 @@ def main(argv=None):
     root = Path(scratch.name)
     workdir = open_workdir(args.workdir or prepared(root / "work"))
     model = TransformerConfig(workdir.vocab_size, width=args.width, layers=2, heads=2, context_tokens=16, max_len=96,
-                              block="gpt", output_bias=True)
+                              block="gpt", output_bias=True, across_documents=False)
     stream, dev = workdir.tokens(workdir.train_split), workdir.tokens("dev")
     base = TrainConfig(batch_size=16, seq_len=64, eval_every=args.every, checkpoint_every=args.every,
                        eval_windows=16, seed=args.seed)

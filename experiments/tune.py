@@ -47,11 +47,12 @@ from saffu.runner import command, final_figures, history, joined, prepared, reco
 ROOT = Path(__file__).resolve().parents[1]
 #: The starts compared: each one's ``saffu train`` start (``--init`` and its start settings) and
 #: model settings, the sections of its run spec (:mod:`saffu.runner`).
-GPT, LLAMA = {"block": "gpt", "output_bias": True}, {"block": "llama", "output_bias": False}
+GPT, LLAMA = ({"block": "gpt", "output_bias": True, "across_documents": False},     # document-local (not
+              {"block": "llama", "output_bias": False, "across_documents": False})  # the default since 2026-12-07)
 STARTS = {"cold": ("random", GPT, {}), "explicit-init": ("explicit", GPT, {}),
           "llama-cold-nobias": ("random", LLAMA, {}),
           "llama-explicit-nobias": ("explicit", LLAMA, {}),
-          "llama-explicit": ("explicit", {"block": "llama", "output_bias": True}, {}),
+          "llama-explicit": ("explicit", {**LLAMA, "output_bias": True}, {}),
           "llama-explicit-nobias-rms1": ("explicit", LLAMA, {"explicit_embedding_rms": 1.0}),
           # the output kernel at penzai's Llama-like random scale, √(2 / (d + V)) at d 128, V 8,192
           "llama-explicit-nobias-rms1-out": ("explicit", LLAMA, {"explicit_embedding_rms": 1.0,

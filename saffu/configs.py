@@ -703,8 +703,12 @@ class TransformerConfig(SelfGuided):
         ``"gpt"`` (LayerNorm, biased projections, a GELU MLP, learned absolute positions;
         structured MLPs and self-guided training are its own); the output
         layer's bias follows ``output_bias`` in both.
-      across_documents: attention also sees the earlier documents of a window (a plain causal
-        mask); default ``False``: a position sees its own document only, as the SAFFU windows do.
+      across_documents: attention also sees the earlier documents of a window (the default: a
+        causal mask that never reads ``<pad>``, as Hugging Face's, so an exported run's logits
+        equal saffu's on any unpadded input; BabyLM's documents are lines, often of one
+        conversation, and reading them as context lowers both starts' dev figures,
+        ``results/tuning.json``); ``False``: a position sees its own document only, as the SAFFU
+        windows do. Runs saved before this default are ``False``.
     """
 
     vocab_size: int
@@ -720,7 +724,7 @@ class TransformerConfig(SelfGuided):
     guide_share: float = 0.0
     output_bias: bool = False
     block: str = "llama"
-    across_documents: bool = False
+    across_documents: bool = True
     kind: str = "transformer"
 
     def __post_init__(self):

@@ -62,6 +62,11 @@ def test_first_visible_key_is_the_last_eod_at_or_before_the_query():
     tokens = np.array([[5, E, 7, 8, E, E, 9], [E, 3, 4, 5, 6, 7, 8], [3, 4, 5, 6, 7, 8, 9]], np.int32)
     want = [[0, 1, 1, 1, 4, 5, 5], [0, 0, 0, 0, 0, 0, 0], [0] * 7]
     np.testing.assert_array_equal(np.asarray(first_visible(tokens)), want)
+    # across documents: the first token that is not <pad>, for the queries from it on
+    P = PAD_ID
+    tokens = np.array([[P, P, E, 7, E, 9], [5, E, 7, 8, E, 9], [P] * 6], np.int32)
+    want = [[0, 0, 2, 2, 2, 2], [0] * 6, [0] * 6]
+    np.testing.assert_array_equal(np.asarray(first_visible(tokens, across_documents=True)), want)
 
 
 def _layer_norm(x, params, eps=1e-6):
@@ -94,7 +99,7 @@ def _windows(workdir, count, length):
 
 def test_transformer_maps_equal_a_float64_reference_and_average_exactly(tiny_workdir):
     config = TransformerConfig(tiny_workdir.vocab_size, width=16, layers=2, heads=2, context_tokens=4, max_len=64,
-                               block="gpt", output_bias=True)
+                               block="gpt", output_bias=True, across_documents=False)
     params = model_init(config, jax.random.key(1))
     windows = _windows(tiny_workdir, 5, 20)
     assert (windows == EOD_ID).any()                                    # documents end inside windows

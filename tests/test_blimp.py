@@ -40,7 +40,9 @@ MODELS = {
     "chain-log": lambda v: SaffuConfig(vocab_size=v, bits=16, radius=4, heads=2, hidden=9, value_form="log"),
     "stacked": lambda v: SaffuConfig(vocab_size=v, bits=16, radius=3, blocks=2, positions=1),
     "transformer": lambda v: TransformerConfig(vocab_size=v, width=16, layers=2, heads=2, context_tokens=4,
-                                               max_len=64, block="gpt", output_bias=True),
+                                               max_len=64, block="gpt", output_bias=True),     # across documents
+    "transformer-local": lambda v: TransformerConfig(vocab_size=v, width=16, layers=2, heads=2, context_tokens=4,
+                                                     max_len=64, block="gpt", output_bias=True, across_documents=False),
 }
 
 

@@ -41,7 +41,7 @@ def test_a_split_scores_each_document_as_it_scores_alone(tiny_workdir):
     (:func:`continuation_log_probs`), for a transformer with learned absolute positions; with
     window positions (the former evaluation) it does not."""
     config = TransformerConfig(vocab_size=tiny_workdir.vocab_size, width=16, layers=2, heads=2, context_tokens=4,
-                               max_len=48, block="gpt", output_bias=True)
+                               max_len=48, block="gpt", output_bias=True, across_documents=False)
     params = jax.tree.map(lambda x: x + 0.3 * jax.random.normal(jax.random.key(1), x.shape),
                           model_init(config, jax.random.key(0)))
     stream = np.asarray(tiny_workdir.tokens("dev"))

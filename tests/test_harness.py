@@ -83,13 +83,13 @@ def test_a_request_longer_than_the_window_keeps_its_last_tokens(tiny_workdir):
 @pytest.mark.parametrize("block", ["gpt", "llama", "saffu"])
 def test_documents_score_alone_as_the_split_scores_them(tiny_workdir, block):
     """:func:`document_nll` (what the harness's rolling log-likelihood returns) of every dev
-    document with its closing ``<eod>``, summed, is saffu's own dev NLL, also where a document
-    is longer than an evaluation window (it continues behind its own tokens) and for absolute
-    positions (the gpt block)."""
+    document with its closing ``<eod>``, summed, is saffu's own dev NLL for a model that reads
+    each document alone (document-local), also where a document is longer than an evaluation
+    window (it continues behind its own tokens) and for absolute positions (the gpt block)."""
     from saffu.eval.scoring import document_nll, evaluate_split
     config = (SaffuConfig(vocab_size=tiny_workdir.vocab_size, radius=3, heads=2, hidden=8) if block == "saffu" else
               TransformerConfig(vocab_size=tiny_workdir.vocab_size, width=16, layers=2, heads=2, context_tokens=4,
-                                max_len=12, block=block, output_bias=block == "gpt"))
+                                max_len=12, block=block, output_bias=block == "gpt", across_documents=False))
     params = _params(config)
     stream = [int(t) for t in np.asarray(tiny_workdir.tokens("dev"))]
     eods = [i for i, t in enumerate(stream) if t == EOD_ID]

@@ -309,13 +309,22 @@ def test_export_matches_an_independent_forward(tiny_workdir, tmp_path, block):
     assert hf_config["tie_word_embeddings"] is False and "lm_head.weight" in state
     assert hf_config["architectures"] == [{"gpt": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}[block]]
     stream = np.asarray(tiny_workdir.tokens("train_10M"))
-    eods = np.flatnonzero(stream == 1)
-    # ten documents from their <eod> (Hugging Face attends across <eod>, saffu does not)
+    eods = np.flatnonzero(stream == EOD_ID)
+    forward = gpt2_logits if block == "gpt" else llama_logits
+    # ten documents from their <eod>
     starts = [a for a, b in itertools.pairwise(eods) if b - a > 6][:10]
     tokens = np.stack([stream[s:s + 6] for s in starts]).astype(np.int32)
-    theirs = (gpt2_logits if block == "gpt" else llama_logits)(state, hf_config, tokens)
     assert len(starts) == 10
-    np.testing.assert_allclose(_at_document_start(config, params, tokens), theirs, atol=1e-4)
+    np.testing.assert_allclose(_at_document_start(config, params, tokens), forward(state, hf_config, tokens),
+                               atol=1e-4)
+    # windows of several documents: attention across documents (the default) is Hugging Face's plain causal
+    # mask, so they agree there too; a document-local run's attention differs after the second <eod>
+    windows = np.stack([stream[a:a + 18] for a, b in itertools.pairwise(eods) if 2 < b - a < 12][:4]).astype(np.int32)
+    assert windows.shape[0] == 4 and (np.sum(windows == EOD_ID, axis=1) >= 2).all()
+    theirs = forward(state, hf_config, windows)
+    np.testing.assert_allclose(_at_document_start(config, params, windows), theirs, atol=1e-4)
+    local = _at_document_start(dataclasses.replace(config, across_documents=False), params, windows)
+    assert np.abs(local - theirs).max() > 1e-2
     if block == "gpt":     # the table from saffu's row context − 1: as many positions as saffu reads after it
         assert hf_config["n_positions"] == config.max_len - config.context + 1
 

@@ -13,7 +13,8 @@ from saffu.data.tokenizer import EOD_ID
 from saffu.models.interface import model_init, model_logits, target_loss
 from saffu.models.transformer import rotate
 
-CONFIG = TransformerConfig(60, width=16, layers=2, heads=2, context_tokens=4, max_len=32, block="llama", output_bias=True)
+CONFIG = TransformerConfig(60, width=16, layers=2, heads=2, context_tokens=4, max_len=32, block="llama", output_bias=True,
+                           across_documents=False)
 
 
 def _reference(params, config, tokens, kept=None):

@@ -25,7 +25,7 @@ def models(tiny_workdir):
     exact_config = ExactConfig(V, groups=((0,), (1,), (0, 1)), buckets=(3,), holdout_tokens=200)
     exact, _ = solve_exact(tiny_workdir, exact_config, progress=False)
     transformer = TransformerConfig(V, width=16, layers=2, heads=2, context_tokens=6, max_len=64,
-                                    block="gpt", output_bias=True)
+                                    block="gpt", output_bias=True, across_documents=False)
     saffu = SaffuConfig(V, bits=12, radius=3, blocks=2, positions=1)
     out = {"transformer": (transformer, model_init(transformer, jax.random.key(0))),
            "saffu": (saffu, init_params(saffu, jax.random.key(1), scale=0.5)),

@@ -13,9 +13,9 @@ from saffu import SaffuError
 from saffu.cli import main
 from saffu.data.tokenizer import EOD_ID, PAD_ID
 from saffu.engine import accounting
-from saffu.models.interface import model_init, model_logits, window_loss
+from saffu.models.interface import config_from_dict, model_init, model_logits, window_loss
 from saffu.models.saffu import SaffuConfig
-from saffu.models.transformer import TransformerConfig, parameter_count_of, sized_like
+from saffu.models.transformer import TransformerConfig, parameter_count_of, sized_like, transformer_logits
 from saffu.solve.stack import SolverConfig, solve_explicit
 from saffu.training.checkpoints import load_params
 from saffu.training.trainer import TrainConfig, train
@@ -24,7 +24,7 @@ SMALL = dict(width=16, layers=2, heads=2, context_tokens=4, max_len=64, block="g
 
 
 def test_attention_is_causal_and_stays_in_its_document():
-    config = TransformerConfig(vocab_size=40, **SMALL)
+    config = TransformerConfig(vocab_size=40, **SMALL, across_documents=False)
     params = model_init(config, jax.random.key(0))
     rng = np.random.default_rng(0)
     tokens = rng.integers(2, 40, (2, 20)).astype(np.int32)
@@ -40,6 +40,33 @@ def test_attention_is_causal_and_stays_in_its_document():
     moved = np.asarray(model_logits(config, params, jnp.asarray(earlier)))
     np.testing.assert_allclose(moved[:, 8:], base[:, 8:], atol=1e-5)      # is invisible after the <eod>
     assert np.abs(moved[:, 2:8] - base[:, 2:8]).max() > 1e-3
+
+
+def test_attention_across_documents_reads_every_earlier_token_but_padding():
+    """The default mask: the earlier document is context after an ``<eod>``; ``<pad>`` (before a
+    stream, or a text read alone) is read by no token, so a text behind pads gets the logits it
+    has alone, and a saved config without the field (before this default) loads document-local."""
+    config = TransformerConfig(vocab_size=40, **SMALL)
+    assert config.across_documents
+    params = model_init(config, jax.random.key(0))
+    tokens = np.random.default_rng(0).integers(2, 40, (2, 20)).astype(np.int32)
+    tokens[:, 8] = EOD_ID
+    base = np.asarray(model_logits(config, params, jnp.asarray(tokens)))
+    earlier = tokens.copy()
+    earlier[:, 2] = 3 if tokens[0, 2] != 3 else 4                        # a token of the previous document
+    moved = np.asarray(model_logits(config, params, jnp.asarray(earlier)))
+    np.testing.assert_allclose(moved[:, :2], base[:, :2], atol=1e-5)
+    assert np.abs(moved[:, 8:] - base[:, 8:]).max() > 1e-3                 # is read after the <eod>
+    text = tokens[:, 8:]                                                   # <eod> and a document
+    padded = np.concatenate([np.full((2, 8), PAD_ID, np.int32), text], axis=1)
+    behind = np.asarray(model_logits(config, params, jnp.asarray(padded)))[:, 8:]
+    positions = jnp.broadcast_to(jnp.arange(8, 20), text.shape)            # the places the gpt block's table gives them
+    alone = np.asarray(transformer_logits(params, config, jnp.asarray(text), positions=positions))
+    np.testing.assert_allclose(behind, alone, atol=1e-5)
+    local = dataclasses.replace(config, across_documents=False)
+    np.testing.assert_allclose(np.asarray(model_logits(local, params, jnp.asarray(padded)))[:, 8:], alone, atol=1e-5)
+    saved = {k: v for k, v in dataclasses.asdict(config).items() if k != "across_documents"}
+    assert config_from_dict(saved) == local
 
 
 def test_sizing_matches_the_target_and_counts_without_allocating():

@@ -42,7 +42,7 @@ from tqdm.auto import tqdm
 
 from saffu._io import SaffuError, atomic_write_json
 from saffu.configs import InspectConfig, ResidualConfig
-from saffu.data.tokenizer import EOD_ID
+from saffu.data.tokenizer import EOD_ID, PAD_ID
 from saffu.data.windows import evenly_spaced_windows
 from saffu.models.interface import base_of, kind_of, traits
 from saffu.models.residual import base_params
@@ -80,11 +80,21 @@ def has_attention(config) -> bool:
     return traits(config).attends(base_of(config))
 
 
-def first_visible(tokens: jax.Array) -> jax.Array:
+def first_visible(tokens: jax.Array, across_documents: bool = False) -> jax.Array:
     """``int32[B, S]``: the first key each query may see — the last ``<eod>`` at or before it
-    (the one that ends the previous document, or the query itself), else position 0."""
+    (the one that ends the previous document, or the query itself), else position 0; across
+    documents (a transformer's default mask, which never reads ``<pad>``), the row's first token
+    other than ``<pad>`` for the queries at or after it, else position 0."""
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+    if across_documents:
+        start = jnp.argmax(tokens != PAD_ID, axis=1)[:, None]                       # 0 for a row of pads
+        return jnp.where(positions >= start, start, 0).astype(jnp.int32)
     return jnp.maximum(jax.lax.cummax(jnp.where(tokens == EOD_ID, positions, -1), axis=1), 0)
+
+
+def _across(config) -> bool:
+    """Whether ``config``'s attention reads across documents (the transformer's default)."""
+    return bool(getattr(base_of(config), "across_documents", False))
 
 
 def _offset_layers(params, config, tokens: jax.Array):
@@ -100,7 +110,7 @@ def _summed(params, config, tokens: jax.Array, weights: jax.Array):
     zeroed (offset models); and the summed mass on each query's first visible key."""
     if isinstance(config, ResidualConfig):
         params, config = base_params(params, config), config.base
-    first = first_visible(tokens)                                               # [B, S]
+    first = first_visible(tokens, _across(config))                              # [B, S]
     kind = kind_of(config)
     if kind.attends_by == "keys":
         maps, starts = [], []
@@ -268,7 +278,7 @@ def inspect_attention(params, config, stream: np.ndarray, windows: int = Inspect
     profile = attention_profile(maps, energy, lazy_rank, first_shares)
     if traits(config).attends_by == "offsets":
         profile["offsets"] = offset_profile(params, config, np.asarray(batch), batch_size)
-    visible = np.arange(batch.shape[1])[None, :] - np.asarray(first_visible(batch)) + 1     # keys a query sees
+    visible = np.arange(batch.shape[1])[None, :] - np.asarray(first_visible(batch, _across(config))) + 1  # keys seen
     return {**profile, "windows": int(batch.shape[0]), "window_tokens": int(batch.shape[1]),
             "first_key_share_if_uniform": float(np.mean(1.0 / visible))}
 

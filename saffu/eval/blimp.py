@@ -35,7 +35,7 @@ from saffu._io import SaffuError
 from saffu.configs import EVAL_SEQ_LEN
 from saffu.data.tokenizer import EOD_ID, PAD_ID
 from saffu.data.windows import length_buckets
-from saffu.models.interface import base_of, positional, target_nll, traits
+from saffu.models.interface import base_of, positional, read_alone, target_nll, traits
 from saffu.models.saffu import Params, SaffuConfig
 
 
@@ -147,6 +147,7 @@ def sentence_log_probs(params: Params, config: SaffuConfig, tokenizer, sentences
     positions, ``POSITIONED_CALL`` for positioned rows); the progress bar counts calls.
     Per-token NLLs are float32; each sentence's sum is float64, in token order, on the host.
     """
+    config = read_alone(config)      # a sentence is a document alone: rows may pack many
     encoded = [enc.ids for enc in tokenizer.encode_batch(list(sentences), add_special_tokens=False)]
     lengths = np.asarray([len(ids) for ids in encoded], np.int64)
     R = config.context

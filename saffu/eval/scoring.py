@@ -19,7 +19,7 @@ from saffu.data.tokenizer import EOD_ID, PAD_ID, decode
 from saffu.data.windows import total_nll
 from saffu.data.workdir import WorkDir
 from saffu.eval.metrics import split_metrics
-from saffu.models.interface import model_logits, positional, target_loss
+from saffu.models.interface import model_logits, positional, read_alone, target_loss
 from saffu.models.saffu import Params, SaffuConfig
 
 #: Windows per evaluation call: ``2 × (context + eval_seq_len)`` positions, whose float32
@@ -81,7 +81,11 @@ def document_nll(params: Params, config, documents: list[list[int]], batch_size:
     there) read after an ``<eod>``, in windows of ``config.eval_seq_len`` targets, a long
     document continuing behind ``config.context`` of its own tokens, with the positions a
     document has in a split (:func:`saffu.data.windows.document_ranges`). Summed over a split's
-    documents (each with its closing ``<eod>``) it is the split's NLL; an empty document scores 0."""
+    documents (each with its closing ``<eod>``) it is the split's NLL for a model that reads each
+    document alone (a transformer across documents reads a split's earlier documents too, and
+    here nothing before the ``<eod>``: :func:`~saffu.models.interface.read_alone`); an empty
+    document scores 0."""
+    config = read_alone(config)
     loss = lambda windows, mask, *positions: _window_loss(params, config, windows, mask, None, *positions)
     positioned, out = positional(config), np.zeros(len(documents))
     for number, ids in enumerate(documents):

@@ -13,8 +13,10 @@ rotary positions in the rotate-half layout, SwiGLU, no biases). The differences:
   ``saffu generate``); Hugging Face from position 0. The gpt block's position table is written
   from row ``context − 1`` on (``n_positions = max_len − context + 1``), so a text read from
   position 0 there gets saffu's logits; rotary positions need no shift (only distances count).
-* saffu's attention never crosses an ``<eod>`` inside a window; Hugging Face's is plainly
-  causal. They agree on every input that holds one document (how BabyLM's evaluation scores).
+* Hugging Face's attention is plainly causal, as saffu's is by default (``across_documents``):
+  they agree on every input. A run trained with ``--no-across-documents`` never attends across an
+  ``<eod>``; its export agrees with it on every input that holds one document (how BabyLM's
+  evaluation scores), and its model card says so.
 
 The checkpoint is ``config.json``, ``model.safetensors`` (PyTorch names; GPT-2's ``Conv1D``
 weights stored ``[in, out]``), ``generation_config.json`` and the tokenizer files
@@ -203,7 +205,10 @@ def model_card(run: str | Path, workdir, config, weights: str) -> str:
                   f"- kept in the run (export one with `saffu export --words N`): {kept}"]
     lines += ["", "## Use", "", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer",
               "model = AutoModelForCausalLM.from_pretrained(PATH)", "tokenizer = AutoTokenizer.from_pretrained(PATH)",
-              "```", "", "Attention inside saffu never crosses an `<eod>`; give the model one document at a time.", ""]
+              "```", ""]
+    if not config.across_documents:
+        lines += ["This run's attention never crossed an `<eod>` (`--no-across-documents`); give the model one "
+                  "document at a time.", ""]
     return "\n".join(lines)
 
 

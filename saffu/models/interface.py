@@ -30,6 +30,8 @@ functions call:
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -165,6 +167,18 @@ def positional(config) -> bool:
     attends across documents (``across_documents``: its earlier documents are context, so a
     document is scored from where it sits in the window, as it was trained)."""
     return traits(config).positional(base_of(config))
+
+
+def read_alone(config):
+    """The config that reads one document alone (after its ``<eod>``, behind nothing but
+    ``<pad>``) exactly as ``config`` does, and whose rows may hold many documents that never see
+    each other: ``config``, or for a transformer that attends across documents (or a residual
+    over one) the same model, document-local. BLiMP's sentences and a harness's texts are read so,
+    packed many to a row (:mod:`saffu.eval.blimp`, :func:`saffu.eval.scoring.document_nll`)."""
+    alone = traits(config).alone
+    if alone is None:
+        return config
+    return dataclasses.replace(config, base=alone(config.base)) if isinstance(config, ResidualConfig) else alone(config)
 
 
 def _explicit_target_logits(params: Params, config, windows: jax.Array, context: int,

@@ -60,6 +60,9 @@ class ModelKind:
       exact_tables: ``config -> bool``, whether it holds exact token-resolution tables, whose
         sizes come from the data (no random init; far smaller on disk than in memory).
       drop_guide: ``(params, config) -> (config, params)`` without a self-guided run's dense guide.
+      alone: ``config -> config`` that reads one document alone exactly as ``config`` does and
+        whose rows may hold several documents that never see each other (the transformer that
+        attends across documents: the same one, document-local); ``None``: ``config`` itself.
     """
 
     name: str
@@ -82,6 +85,7 @@ class ModelKind:
     explicit_init: Callable | None = None
     exact_tables: Callable = _never
     drop_guide: Callable | None = None
+    alone: Callable | None = None
 
     def load(self, fields: dict):
         """A config of this kind from its ``dataclasses.asdict`` form."""

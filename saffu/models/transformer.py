@@ -1,5 +1,6 @@
-"""The baseline: a standard decoder-only transformer in flax NNX (pre-norm, learned absolute
-positions, GELU MLP, untied output layer with or without a bias), trained by the same trainer on the same windows.
+"""The project's transformer in flax NNX: the llama block (RMSNorm, rotary positions, SwiGLU, no
+biases) or GPT-2's (LayerNorm, learned absolute positions, GELU MLP), an untied output layer with
+or without a bias, trained by the same trainer on the same windows.
 
 It speaks the model interface every kind does (:mod:`saffu.models.interface`), so
 :func:`saffu.training.trainer.train`, evaluation, sampling and BLiMP scoring take it like any
@@ -7,11 +8,11 @@ other: :func:`transformer_init` ``(config, key) -> params`` (a nested dict of ar
 :func:`transformer_logits` ``(params, config, tokens int32[B, S]) -> float32[B, S, V]`` are
 what ``model_init`` and ``model_logits`` call for ``kind="transformer"``.
 
-Attention is causal and never crosses an ``<eod>``: position ``p`` sees ``q ≤ p`` iff no
+Attention is causal. With ``TransformerConfig.across_documents`` (the default) a position reads
+every earlier token but ``<pad>``, so the earlier documents of a window (BabyLM's documents are
+lines) are context too; without it attention never crosses an ``<eod>``: position ``p`` sees ``q ≤ p`` iff no
 ``<eod>`` lies in ``(q, p]`` (as the SAFFU windows do), so a window that starts inside an
-earlier document, or ``<pad>`` before a document, is invisible; with
-``TransformerConfig.across_documents`` the mask is plainly causal, and the earlier documents of a
-window (BabyLM's documents are lines) are context too.
+earlier document, or ``<pad>`` before a document, is invisible.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from flax import nnx
 
 from saffu._io import SaffuError
 from saffu.configs import EXPLICIT_PIECES, Params, TransformerConfig
-from saffu.data.tokenizer import EOD_ID
+from saffu.data.tokenizer import EOD_ID, PAD_ID
 from saffu.models.fused_loss import linear_nll_sum
 from saffu.models.kinds import ModelKind
 from saffu.models.structured import StructuredLinear, from_dense, structure_size
@@ -261,11 +262,15 @@ class Transformer(nnx.Module):
 
 
 def causal_mask(tokens: jax.Array, across_documents: bool = False) -> jax.Array:
-    """``bool[B, 1, S, S]``: query ``p`` sees key ``q`` iff ``q ≤ p`` and (unless
-    ``across_documents``) no ``<eod>`` lies in ``(q, p]``."""
+    """``bool[B, 1, S, S]``: query ``p`` sees key ``q`` iff ``q ≤ p`` and no ``<eod>`` lies in
+    ``(q, p]``; ``across_documents``: iff ``q ≤ p`` and ``q`` is no ``<pad>`` (unless ``p`` is
+    one). ``<pad>`` stands for nothing, before a stream's start or a text read alone, so a token
+    never reads it and a text behind pads reads as it does alone (as a Hugging Face export reads
+    it, and the key/value cache)."""
     causal = jnp.tril(jnp.ones((tokens.shape[1],) * 2, bool))[None]
     if across_documents:
-        return jnp.broadcast_to(causal, (tokens.shape[0], *causal.shape[1:]))[:, None]
+        real = tokens != PAD_ID                                                              # [B, S]
+        return (causal & (real[:, None, :] | ~real[:, :, None]))[:, None]
     boundaries = jnp.cumsum(tokens == EOD_ID, axis=1)                                  # [B, S]
     same = boundaries[:, :, None] == boundaries[:, None, :]
     return (same & causal)[:, None]
@@ -492,8 +497,9 @@ def decode_cache(config: TransformerConfig, batch: int, start: int = 0) -> Param
 def decode_step(params: Params, config: TransformerConfig, cache: Params, tokens: jax.Array) -> tuple[jax.Array, Params]:
     """One position of every sequence with the key/value cache: ``tokens int32[B]`` at position
     ``cache["length"]`` -> (next-token logits ``float32[B, V]``, the cache with it added). The
-    logits equal :func:`transformer_logits`' at that position of the whole sequence (attention
-    causal and inside the token's document unless ``across_documents``), at the cost of one position instead of all of them.
+    logits equal :func:`transformer_logits`' at that position of the whole sequence of tokens
+    other than ``<pad>`` (attention causal and inside the token's document unless
+    ``across_documents``), at the cost of one position instead of all of them.
     A dense MLP only (a structured or self-guided one: :func:`transformer_logits`)."""
     if config.ffn != "dense" or config.guide_share:
         raise SaffuError("the key/value cache decodes a dense transformer; a structured MLP samples by whole windows")
@@ -569,11 +575,15 @@ def zero_output(params: Params) -> Params:
 
 KIND = ModelKind(
     "transformer", TransformerConfig, transformer_logits, init=transformer_init,
-    # runs saved before the llama block became the default are gpt blocks with a bias
-    from_fields=lambda fields: TransformerConfig(**{"block": "gpt", "output_bias": True, **fields}),
+    # runs saved before the llama block became the default are gpt blocks with a bias; those saved
+    # before attention read across documents by default are document-local
+    from_fields=lambda fields: TransformerConfig(**{"block": "gpt", "output_bias": True, "across_documents": False,
+                                                    **fields}),
     target_logits=transformer_target_logits, fused_loss=transformer_loss, zero_output=zero_output,
     # across documents, a document's earlier documents are context: it is scored where it sits
     positional=lambda config: not config.across_documents, depth="layers", attention=transformer_attention,
     attends_by="keys", attends=lambda config: True, drop_guide=drop_guide,
+    # alone, a document has nothing before its <eod> but <pad>, which attention across documents never reads
+    alone=lambda config: dataclasses.replace(config, across_documents=False),
     explicit_init=lambda config, key, factors, start: explicit_transformer_init(
         config, key, factors, tuple(start.explicit_pieces), start.explicit_embedding_rms, start.explicit_output_rms))
