@@ -81,10 +81,9 @@ def _load(name: str) -> dict | None:
 
 
 def _race_best(tuning: dict | None) -> list[tuple[str, dict]]:
-    """The tuned race's rows (``results/tuning.json``): per architecture's cold curve and budget,
-    the explicit start with the lowest dev figure and its run, as ``(start, run)``, the default
-    architecture's (``llama-cold-nobias-xdoc``, attention across documents) first, then the
-    document-local llama block's."""
+    """The tuned race's rows (``results/tuning.json``): per architecture's cold curve and budget, the
+    explicit start with the lowest dev figure and its run, as ``(start, run)``: the default's first
+    (``llama-cold-nobias-xdoc``, attention across documents), then the document-local llama block's."""
     best = {}
     for start, runs in (tuning["figures"].get("race", {}) if tuning else {}).items():
         for r in runs:
