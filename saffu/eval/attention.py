@@ -42,10 +42,10 @@ from tqdm.auto import tqdm
 
 from saffu._io import SaffuError, atomic_write_json
 from saffu.configs import InspectConfig, ResidualConfig
-from saffu.data.tokenizer import EOD_ID, PAD_ID
 from saffu.data.windows import evenly_spaced_windows
 from saffu.models.interface import base_of, kind_of, traits
 from saffu.models.residual import base_params
+from saffu.models.transformer import causal_mask
 
 ENERGY = InspectConfig.energy
 LAZY_RANK = InspectConfig.lazy_rank
@@ -81,15 +81,12 @@ def has_attention(config) -> bool:
 
 
 def first_visible(tokens: jax.Array, across_documents: bool = False) -> jax.Array:
-    """``int32[B, S]``: the first key each query may see — the last ``<eod>`` at or before it
-    (the one that ends the previous document, or the query itself), else position 0; across
-    documents (a transformer's default mask, which never reads ``<pad>``), the row's first token
+    """``int32[B, S]``: the first key each query may see, by the transformer's own mask
+    (:func:`~saffu.models.transformer.causal_mask`; SAFFU's offsets stop at ``<eod>`` too): the
+    last ``<eod>`` at or before it (the one that ends the previous document, or the query itself),
+    else position 0; across documents (a mask that never reads ``<pad>``), the row's first token
     other than ``<pad>`` for the queries at or after it, else position 0."""
-    positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
-    if across_documents:
-        start = jnp.argmax(tokens != PAD_ID, axis=1)[:, None]                       # 0 for a row of pads
-        return jnp.where(positions >= start, start, 0).astype(jnp.int32)
-    return jnp.maximum(jax.lax.cummax(jnp.where(tokens == EOD_ID, positions, -1), axis=1), 0)
+    return jnp.argmax(causal_mask(jnp.asarray(tokens), across_documents)[:, 0], axis=-1).astype(jnp.int32)
 
 
 def _across(config) -> bool:
