@@ -797,6 +797,14 @@ class TransformerConfig(SelfGuided):
         return flops
 
 
+#: Per model kind, the fields whose default changed and their values before: a saved config
+#: (``RUN/config.json``) or a spec ``saffu train`` wrote (``RUN/train.json``) names every field it
+#: had, so one it lacks came later and the run had the old value (transformers saved before the
+#: llama block and the mask across documents were the defaults: gpt blocks with an output bias
+#: whose attention stays within a document).
+SAVED_BEFORE = {"transformer": {"block": "gpt", "output_bias": True, "across_documents": False}}
+
+
 #: penzai's transformers (:class:`PenzaiConfig`): its Llama-like one and its GPT-NeoX.
 PENZAI_FAMILIES = ("llama", "neox")
 

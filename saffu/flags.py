@@ -350,8 +350,9 @@ def train_spec(start, model, train, options: dict) -> dict:
 def spec_defaults(path: Path) -> dict:
     """``saffu train``'s parsed defaults from a spec file (JSON, or TOML with the same sections:
     :func:`train_spec`, and ``eval`` for ``eval_tokens``): every value becomes its flag's
-    default, so flags given on the command line override it. One error line for a file that is
-    not a spec."""
+    default, so flags given on the command line override it. A spec ``saffu train`` wrote (it
+    records its ``command``) whose model lacks a field whose default changed since gets the value
+    it ran with (:data:`saffu.configs.SAVED_BEFORE`). One error line for a file that is not a spec."""
     path = Path(path)
     spec = read_settings(path, f"--config {path} is not a readable run spec")
     unknown = set(spec) - {"start", "model", "train", "options", "eval", "command"}
@@ -383,6 +384,9 @@ def spec_defaults(path: Path) -> dict:
         cls, fields, rename = model
         take("model", fields, cls, rename, skip=("kind", "vocab_size"))
         defaults["model"] = kind
+        if "command" in spec:           # saffu train wrote it: a field it lacks has its value from before
+            defaults.update({dest_of(name, rename): value for name, value in configs.SAVED_BEFORE.get(kind, {}).items()
+                             if name in fields and name not in spec.get("model", {})})
     return defaults
 
 

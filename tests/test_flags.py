@@ -3,6 +3,7 @@ docstring's, a bad value one error line, and the parsed flags build the config b
 
 import argparse
 import dataclasses
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -141,6 +142,27 @@ def test_saffu_train_takes_dotted_overrides_over_a_spec(tmp_path, capsys):
     assert (flat.model, flat.layers) == ("transformer", 3)
     assert main(["train", "--workdir", "w", "--run", "r", "--init", "random", "--train.nope", "1"]) == 2
     assert "--train.nope is not a setting of saffu train" in capsys.readouterr().err
+
+
+def test_a_spec_saffu_wrote_keeps_the_model_it_ran(tmp_path):
+    """A ``train.json`` written before the llama block and the mask across documents were the
+    defaults names neither: read back, it is the gpt block with an output bias, document-local.
+    A hand-written spec naming the same fields gets today's defaults."""
+    from saffu.cli import build_parser
+    from saffu.flags import parse
+    old = {"command": "saffu train --model transformer", "start": {"init": "random", "model": "transformer"},
+           "model": {"kind": "transformer", "width": 64, "layers": 2}, "train": {"steps": 10}}
+    (tmp_path / "train.json").write_text(json.dumps(old))
+    (tmp_path / "mine.json").write_text(json.dumps({key: value for key, value in old.items() if key != "command"}))
+    read = lambda name: parse(build_parser(), ["train", "--workdir", "w", "--run", "r", "--config",
+                                               str(tmp_path / name)])
+    args = read("train.json")
+    assert (args.width, args.block, args.output_bias, args.across_documents) == (64, "gpt", True, False)
+    args = read("mine.json")
+    assert (args.width, args.block, args.output_bias, args.across_documents) == (64, "llama", False, True)
+    old["model"]["across_documents"] = True                    # a field it names is its own
+    (tmp_path / "train.json").write_text(json.dumps(old))
+    assert (read("train.json").across_documents, read("train.json").block) == (True, "gpt")
 
 
 @dataclasses.dataclass

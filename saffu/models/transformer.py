@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from saffu._io import SaffuError
-from saffu.configs import EXPLICIT_PIECES, Params, TransformerConfig
+from saffu.configs import EXPLICIT_PIECES, SAVED_BEFORE, Params, TransformerConfig
 from saffu.data.tokenizer import EOD_ID, PAD_ID
 from saffu.models.fused_loss import linear_nll_sum
 from saffu.models.kinds import ModelKind
@@ -575,10 +575,7 @@ def zero_output(params: Params) -> Params:
 
 KIND = ModelKind(
     "transformer", TransformerConfig, transformer_logits, init=transformer_init,
-    # runs saved before the llama block became the default are gpt blocks with a bias; those saved
-    # before attention read across documents by default are document-local
-    from_fields=lambda fields: TransformerConfig(**{"block": "gpt", "output_bias": True, "across_documents": False,
-                                                    **fields}),
+    from_fields=lambda fields: TransformerConfig(**{**SAVED_BEFORE["transformer"], **fields}),
     target_logits=transformer_target_logits, fused_loss=transformer_loss, zero_output=zero_output,
     # across documents, a document's earlier documents are context: it is scored where it sits
     positional=lambda config: not config.across_documents, depth="layers", attention=transformer_attention,
