@@ -86,10 +86,10 @@ COLD_OF = {"explicit-init": "cold", "llama-explicit-nobias": "llama-cold-nobias"
            "llama-explicit-nobias-xdoc-w256": "llama-cold-nobias-xdoc-w256"}
 #: The quarter-epoch grid.
 GRID = {"learning_rate": [1e-3, 3e-3, 1e-2, 3e-2], "weight_decay": [0.0, 0.1], "dropout": [0.0, 0.1]}
-#: The llama block's grid, the same for its cold and explicit starts: the weight decay starts at 0 and
-#: the gpt block's tuned cold value (0.9) rather than climbing there from 0.1 again (24 probes a start).
+#: The llama block's grid, the same for its cold and explicit starts at width 128 (either mask): weight decay
+#: starts at 0 and the gpt block's tuned cold value (0.9) rather than climbing there from 0.1 again.
 LLAMA_GRID = {**GRID, "weight_decay": [0.0, 0.9]}
-GRID_OF = {"llama-cold-nobias": LLAMA_GRID, "llama-explicit-nobias": LLAMA_GRID}
+GRID_OF = {start: LLAMA_GRID for start in STARTS if start.startswith("llama-") and start.endswith(("nobias", "xdoc"))}
 #: ``--quick``'s grid: three rates, no weight decay or dropout (floors, not edges), a check of the protocol.
 QUICK_GRID = {**GRID, "learning_rate": [3e-3, 1e-2, 3e-2], "weight_decay": [0.0], "dropout": [0.0]}
 
