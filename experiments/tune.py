@@ -49,6 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: model settings, the sections of its run spec (:mod:`saffu.runner`).
 GPT, LLAMA = ({"block": "gpt", "output_bias": True, "across_documents": False},     # document-local (not
               {"block": "llama", "output_bias": False, "across_documents": False})  # the default since 2026-12-07)
+XDOC = {**LLAMA, "across_documents": True}   # the default block: attention across documents
 STARTS = {"cold": ("random", GPT, {}), "explicit-init": ("explicit", GPT, {}),
           "llama-cold-nobias": ("random", LLAMA, {}),
           "llama-explicit-nobias": ("explicit", LLAMA, {}),
@@ -63,10 +64,9 @@ STARTS = {"cold": ("random", GPT, {}), "explicit-init": ("explicit", GPT, {}),
           "llama-cold-nobias-w256": ("random", {**LLAMA, "width": 256}, {}),
           "llama-explicit-nobias-w256": ("explicit", {**LLAMA, "width": 256}, {}),
           # attention across the documents of a window (BabyLM's documents are lines), at the grid's values
-          "llama-cold-nobias-xdoc": ("random", {**LLAMA, "across_documents": True}, {}),
-          "llama-explicit-nobias-xdoc": ("explicit", {**LLAMA, "across_documents": True}, {}),
-          "llama-explicit-nobias-xdoc-w256": ("explicit", {**LLAMA, "across_documents": True, "width": 256}, {}),
-          "llama-cold-nobias-xdoc-w256": ("random", {**LLAMA, "across_documents": True, "width": 256}, {})}
+          "llama-cold-nobias-xdoc": ("random", XDOC, {}), "llama-explicit-nobias-xdoc": ("explicit", XDOC, {}),
+          "llama-explicit-nobias-xdoc-w256": ("explicit", {**XDOC, "width": 256}, {}),
+          "llama-cold-nobias-xdoc-w256": ("random", {**XDOC, "width": 256}, {})}
 
 
 def start_flags(start: str) -> list[str]:
@@ -89,7 +89,7 @@ GRID = {"learning_rate": [1e-3, 3e-3, 1e-2, 3e-2], "weight_decay": [0.0, 0.1], "
 #: The llama block's grid, the same for its cold and explicit starts at width 128 (either mask): weight decay
 #: starts at 0 and the gpt block's tuned cold value (0.9) rather than climbing there from 0.1 again.
 LLAMA_GRID = {**GRID, "weight_decay": [0.0, 0.9]}
-GRID_OF = {start: LLAMA_GRID for start in STARTS if start.startswith("llama-") and start.endswith(("nobias", "xdoc"))}
+GRID_OF = {start: LLAMA_GRID for start, (_, model, extra) in STARTS.items() if not extra and model in (LLAMA, XDOC)}
 #: ``--quick``'s grid: three rates, no weight decay or dropout (floors, not edges), a check of the protocol.
 QUICK_GRID = {**GRID, "learning_rate": [3e-3, 1e-2, 3e-2], "weight_decay": [0.0], "dropout": [0.0]}
 
