@@ -63,7 +63,7 @@ STARTS = {"cold": ("random", GPT, {}), "explicit-init": ("explicit", GPT, {}),
           "llama-explicit-nobias-w64": ("explicit", {**LLAMA, "width": 64}, {}),
           "llama-cold-nobias-w256": ("random", {**LLAMA, "width": 256}, {}),
           "llama-explicit-nobias-w256": ("explicit", {**LLAMA, "width": 256}, {}),
-          # attention across the documents of a window (BabyLM's documents are lines), at the grid's values
+          # the default block: attention across the documents of a window (BabyLM's documents are lines)
           "llama-cold-nobias-xdoc": ("random", XDOC, {}), "llama-explicit-nobias-xdoc": ("explicit", XDOC, {}),
           "llama-explicit-nobias-xdoc-w256": ("explicit", {**XDOC, "width": 256}, {}),
           "llama-cold-nobias-xdoc-w256": ("random", {**XDOC, "width": 256}, {})}
