@@ -87,6 +87,23 @@ def test_checkpoint_round_trip_and_exact_resume(tiny_workdir, tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_a_run_interrupted_before_its_first_checkpoint_starts_its_metrics_over(tiny_workdir, tmp_path):
+    config = tiny_config(tiny_workdir)
+    params = init_params(config, jax.random.key(1))
+    settings = TrainConfig(steps=2, batch_size=2, seq_len=16, eval_every=1, checkpoint_every=0)
+    run = tmp_path / "run"
+    train(config, params, tiny_workdir.tokens("train_10M"), settings, run, dev_stream=tiny_workdir.tokens("dev"),
+          progress=False)
+    first = (run / "metrics.jsonl").read_text()
+    shutil.rmtree(run / "checkpoints")                                  # as if killed before its one checkpoint
+    _, history = train(config, params, tiny_workdir.tokens("train_10M"), settings, run,
+                       dev_stream=tiny_workdir.tokens("dev"), progress=False)
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [h["step"] for h in history] == [0, 1, 2]
+    assert [json.loads(line)["dev_loss"] for line in lines] == [json.loads(line)["dev_loss"]
+                                                                 for line in first.splitlines()]
+
+
 def test_frozen_parameters_wait_for_the_thaw_step(tiny_workdir, tmp_path):
     config = tiny_config(tiny_workdir)
     params = init_params(config, jax.random.key(2))

@@ -498,10 +498,13 @@ def restore_training_state(manager: ocp.CheckpointManager, run_dir: Path, params
     """Resume from the latest checkpoint of ``manager``, if any.
 
     Returns ``(step, params, opt_state, seconds)``: with no checkpoint, ``(0, params,
-    opt_state, 0.0)`` as given; else the checkpoint's, and the training seconds recorded at its
-    step in ``metrics_path``, whose later lines (from an interrupted run) are dropped.
+    opt_state, 0.0)`` as given (and the lines of ``metrics_path`` that a run interrupted before
+    its first checkpoint left are dropped: it starts over); else the checkpoint's, and the
+    training seconds recorded at its step in ``metrics_path``, whose later lines are dropped.
     """
     if manager.latest_step() is None:
+        if jax.process_index() == 0:
+            metrics_path.unlink(missing_ok=True)
         return 0, params, opt_state, 0.0
     state = {"step": _step_array(0, params), "params": params, "opt_state": opt_state}
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
