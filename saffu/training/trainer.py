@@ -428,12 +428,13 @@ def train(model: Model, params: Params, train_stream: np.ndarray, config: TrainC
 
 def event_writer(run_dir: Path, start: int):
     """A tensorboardX ``SummaryWriter`` of ``run_dir/tensorboard`` (``purge_step``: a resumed run's
-    events after its checkpoint step are dropped, as its ``metrics.jsonl`` lines are)."""
+    events after its checkpoint step, and all of a restarted one's, are dropped, as its
+    ``metrics.jsonl`` lines are)."""
     try:
         from tensorboardX import SummaryWriter
     except ModuleNotFoundError:
         raise SaffuError("--tensorboard writes event files with tensorboardX: pip install -e '.[tensorboard]'") from None
-    return SummaryWriter(logdir=str(run_dir / "tensorboard"), purge_step=start or None)
+    return SummaryWriter(logdir=str(run_dir / "tensorboard"), purge_step=start)
 
 
 def _train(model, params, train_stream, config, run_dir: Path, dev_stream, on_eval, progress, mesh, words):
